@@ -1,0 +1,189 @@
+"""The interface every positional encoding implements.
+
+An encoding is built once per stack (encoder, decoder) as a :class:`StackEncoding`. It may
+
+1. add absolute positions to the stack's input (:meth:`StackEncoding.embed`),
+2. compute once per forward pass what all layers of the stack share
+   (:meth:`StackEncoding.context`: a bias table, slopes, cos/sin), and
+3. give each layer an :class:`AttentionRule` for its self-attention and its cross-attention,
+   which decides how a query scores a key (rotate q/k, add a bias, add key/value terms,
+   replace the softmax).
+
+The base classes are the "no position information" case (``nonepe``): identity embedding,
+no context, and plain scaled dot-product attention through
+:func:`torch.nn.functional.scaled_dot_product_attention`.
+
+Shapes: ``B`` batch, ``H`` heads, ``L``/``Lq``/``Lk`` lengths, ``D`` head dim, ``d`` d_model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class Site(str, Enum):
+    """Which stack an encoding is built for."""
+
+    ENCODER = "encoder"
+    DECODER = "decoder"
+
+
+@dataclass
+class AttentionCall:
+    """Everything an attention rule needs beyond q, k, v for one attention call.
+
+    Attributes:
+        q_pos: ``(Lq,)`` long, absolute positions of the queries.
+        k_pos: ``(Lk,)`` long, absolute positions of the keys.
+        causal: whether query i may only see keys at positions ``<= q_pos[i]``.
+            With a single query (cached decoding) that query is the newest token, so every
+            cached key is allowed and no mask is built.
+        key_padding_mask: ``(B, Lk)`` bool, True marks padding keys; or None.
+        context: what the stack's encoding computed once for this forward pass.
+        dropout_p: attention-weight dropout probability (0 in eval).
+    """
+
+    q_pos: Tensor
+    k_pos: Tensor
+    causal: bool
+    key_padding_mask: Tensor | None = None
+    context: Any = None
+    dropout_p: float = 0.0
+
+    @property
+    def needs_causal_mask(self) -> bool:
+        return self.causal and self.q_pos.shape[0] > 1
+
+    def allowed(self) -> Tensor | None:
+        """Bool mask ``(B|1, 1, Lq, Lk)``, True where query i may attend key j; None if all may."""
+        mask = None
+        if self.needs_causal_mask:
+            mask = (self.k_pos[None, :] <= self.q_pos[:, None])[None, None]
+        if self.key_padding_mask is not None:
+            keep = ~self.key_padding_mask[:, None, None, :]
+            mask = keep if mask is None else mask & keep
+        return mask
+
+
+def additive_mask(bias: Tensor | None, call: AttentionCall, dtype: torch.dtype) -> Tensor | None:
+    """Bias ``(B|1, H|1, Lq, Lk)`` with disallowed positions set to -inf, in ``dtype``.
+
+    Returns a bool mask when there is no bias (SDPA keeps its fused kernel for those), and None
+    when nothing is masked.
+    """
+    allowed = call.allowed()
+    if bias is None:
+        return allowed
+    bias = bias.to(dtype)
+    if allowed is not None:
+        bias = bias.masked_fill(~allowed, float("-inf"))
+    return bias
+
+
+def masked_softmax(scores: Tensor, call: AttentionCall) -> Tensor:
+    """Softmax over the last dim of ``scores (B, H, Lq, Lk)`` with the call's mask applied."""
+    allowed = call.allowed()
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+
+
+class EncodingModule(nn.Module):
+    """Marker base for modules owned by an encoding.
+
+    ``nn.Transformer`` re-initialises every matrix it holds with Xavier after construction;
+    the model calls :meth:`reset_parameters` on every ``EncodingModule`` afterwards so each
+    encoding keeps the initialisation its paper prescribes.
+    """
+
+    def reset_parameters(self) -> None:
+        """Initialise this module's own parameters (default: nothing to do)."""
+
+
+class AttentionRule(EncodingModule):
+    """How one attention layer turns q, k, v into outputs. Default: plain softmax attention.
+
+    Subclasses override the narrowest hook that expresses their encoding:
+
+    * :meth:`prepare` to transform new q/k before they are cached (RoPE, xPos) or to compute a
+      per-key state that is cached with k (FoX's log forget gates);
+    * :meth:`bias` to add a ``(B|1, H|1, Lq, Lk)`` term to the logits (ALiBi, T5, KERPLE, FoX);
+    * :meth:`forward` to replace the attention computation (Shaw, CoPE, stick-breaking).
+    """
+
+    def prepare(
+        self, q: Tensor, k: Tensor, x: Tensor, positions: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Transform the new tokens' ``q, k (B, H, L, D)`` given their input ``x (B, L, d)``.
+
+        Called for self-attention only, on the tokens of this call (before the k/v cache is
+        extended), at absolute ``positions (L,)``. Returns ``(q, k, key_state)``; a non-None
+        ``key_state (B, H, L)`` is cached and concatenated like k.
+        """
+        return q, k, None
+
+    def bias(self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor | None:
+        """Additive logit bias ``(B|1, H|1, Lq, Lk)``, or None."""
+        return None
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> Tensor:
+        """Attention output ``(B, H, Lq, D)`` from ``q (B, H, Lq, D)``, ``k, v (B, H, Lk, D)``."""
+        bias = self.bias(q, k, key_state, call)
+        if bias is None and call.key_padding_mask is None and call.needs_causal_mask:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=call.dropout_p, is_causal=True)
+        mask = additive_mask(bias, call, q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=call.dropout_p)
+
+
+class StackEncoding(EncodingModule):
+    """A positional encoding for one stack; the base class adds no position information.
+
+    Args:
+        site: the stack this instance serves (encoder or decoder).
+        d_model: model width ``d``.
+        n_heads: attention heads ``H``.
+        n_layers: layers in the stack.
+
+    Class attributes ``applies_to`` and ``encoder_form`` are one-line statements shown in the
+    README table: where the encoding acts, and what the encoder (bidirectional) form is.
+    """
+
+    applies_to: str = "nowhere (no position information)"
+    encoder_form: str = "-"
+
+    def __init__(self, site: Site, d_model: int, n_heads: int, n_layers: int) -> None:
+        super().__init__()
+        self.site = Site(site)
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.n_layers = n_layers
+
+    @property
+    def causal(self) -> bool:
+        """True for the decoder stack, whose self-attention never looks ahead."""
+        return self.site is Site.DECODER
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Add absolute position information to the stack input ``x (B, L, d)``."""
+        return x
+
+    def context(self, q_pos: Tensor, k_pos: Tensor) -> Any:
+        """Per-forward precomputation shared by every layer's self-attention rule."""
+        return None
+
+    def self_rule(self, layer: int) -> AttentionRule:
+        """The self-attention rule of layer ``layer`` (0-based)."""
+        return AttentionRule()
+
+    def cross_rule(self, layer: int) -> AttentionRule:
+        """The cross-attention rule of decoder layer ``layer``: plain attention by default, since
+        source and target positions do not lie on one axis."""
+        return AttentionRule()
