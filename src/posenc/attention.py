@@ -36,20 +36,10 @@ class MultiHeadAttention(nn.Module):
         b, l, _ = x.shape
         return x.view(b, l, self.n_heads, self.head_dim).transpose(1, 2)
 
-    def forward(
-        self,
-        x: Tensor,
-        call: AttentionCall,
-        memory: Tensor | None = None,
-        cache: KVCache | None = None,
-    ) -> Tensor:
-        """Attend from ``x (B, Lq, d)``.
-
-        Self-attention when ``memory`` is None (keys are ``x`` and, with a cache, every earlier
-        token); cross-attention to ``memory (B, Lk, d)`` otherwise. ``cache`` is a dict updated
-        in place: self-attention appends the new keys/values, cross-attention stores the memory's
-        keys/values once. Returns ``(B, Lq, d)``.
-        """
+    def _project(
+        self, x: Tensor, call: AttentionCall, memory: Tensor | None, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """q ``(B, H, Lq, D)``, k and v ``(B, H, Lk, D)`` and the key state, cache extended."""
         q = self._split(self.q_proj(x))
         state = None
         if memory is None:
@@ -67,6 +57,30 @@ class MultiHeadAttention(nn.Module):
             k, v = map(self._split, self.kv_proj(memory).chunk(2, dim=-1))
             if cache is not None:
                 cache.update(k=k, v=v)
+        return q, k, v, state
+
+    def attention_weights(
+        self, x: Tensor, call: AttentionCall, memory: Tensor | None = None
+    ) -> Tensor:
+        """The weights ``(B, H, Lq, Lk)`` this layer puts on each key (for plots and reports)."""
+        q, k, _, state = self._project(x, call, memory, None)
+        return self.rule.weights(q, k, state, call)
+
+    def forward(
+        self,
+        x: Tensor,
+        call: AttentionCall,
+        memory: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """Attend from ``x (B, Lq, d)``.
+
+        Self-attention when ``memory`` is None (keys are ``x`` and, with a cache, every earlier
+        token); cross-attention to ``memory (B, Lk, d)`` otherwise. ``cache`` is a dict updated
+        in place: self-attention appends the new keys/values, cross-attention stores the memory's
+        keys/values once. Returns ``(B, Lq, d)``.
+        """
+        q, k, v, state = self._project(x, call, memory, cache)
         out = self.rule(q, k, v, state, call)
         b, _, lq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, lq, -1))

@@ -18,6 +18,7 @@ Shapes: ``B`` batch, ``H`` heads, ``L``/``Lq``/``Lk`` lengths, ``D`` head dim, `
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -131,6 +132,19 @@ class AttentionRule(EncodingModule):
     def bias(self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor | None:
         """Additive logit bias ``(B|1, H|1, Lq, Lk)``, or None."""
         return None
+
+    def weights(self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor:
+        """Attention weights ``(B, H, Lq, Lk)`` that :meth:`forward` applies to the values.
+
+        Used by plots, reports and tests, never on the training path. The default is
+        ``softmax(q k^T / sqrt(D) + bias)`` under the call's mask; rules that override
+        :meth:`forward` override this too.
+        """
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        bias = self.bias(q, k, key_state, call)
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)
+        return masked_softmax(scores, call)
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall

@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny models built from the real ``configs/pe/*.yaml`` files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from posenc.encodings import encoding_factory
+from posenc.layers import LayerSpec
+from posenc.model import Seq2Seq
+
+ROOT = Path(__file__).resolve().parents[1]
+PE_NAMES = sorted(p.stem for p in (ROOT / "configs" / "pe").glob("*.yaml"))
+
+
+def pe_config(name: str, **overrides) -> dict:
+    """The ``configs/pe/NAME.yaml`` node as a dict, with overrides."""
+    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "pe" / f"{name}.yaml"))
+    cfg.update(overrides)
+    return cfg
+
+
+def tiny_model(name: str, vocab: int = 40, d_model: int = 32, n_heads: int = 4, layers: int = 2,
+               seed: int = 0, **pe_overrides) -> Seq2Seq:
+    """A small Seq2Seq (pad 0, bos 1, eos 2) with encoding ``name``, dropout off."""
+    torch.manual_seed(seed)
+    spec = LayerSpec(d_model=d_model, n_heads=n_heads, d_ff=2 * d_model, dropout=0.0)
+    factory = encoding_factory(pe_config(name, **pe_overrides))
+    return Seq2Seq(vocab, 0, 1, 2, spec, layers, layers, factory)
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield

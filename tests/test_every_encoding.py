@@ -1,0 +1,104 @@
+"""Properties every encoding in ``configs/pe/`` must have, checked on a tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import PE_NAMES, tiny_model
+
+
+@pytest.mark.parametrize("name", PE_NAMES)
+def test_cached_greedy_decoding_gives_the_same_tokens_as_full_recomputation(name):
+    model = tiny_model(name).eval()
+    src = torch.randint(3, 40, (4, 9))
+    src[1, 6:] = 0
+    src[3, 3:] = 0
+    cached = model.generate(src, max_len_a=2.0, max_len_b=5, use_cache=True)
+    full = model.generate(src, max_len_a=2.0, max_len_b=5, use_cache=False)
+    assert cached == full
+    assert any(len(row) > 3 for row in cached)
+
+
+@pytest.mark.parametrize("name", PE_NAMES)
+def test_cached_decoder_logits_match_teacher_forcing(name):
+    model = tiny_model(name).eval()
+    src = torch.randint(3, 40, (2, 7))
+    tgt = torch.randint(3, 40, (2, 6))
+    with torch.no_grad():
+        full = model(src, tgt)
+        memory, src_pad = model.encode(src)
+        from posenc.layers import DecoderCache
+
+        cache = DecoderCache()
+        steps = [model.decode(tgt[:, t : t + 1], memory, src_pad, cache) for t in range(6)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", PE_NAMES)
+def test_the_decoder_never_looks_ahead(name):
+    model = tiny_model(name).eval()
+    src = torch.randint(3, 40, (2, 7))
+    tgt = torch.randint(3, 40, (2, 8))
+    changed = tgt.clone()
+    changed[:, 5:] = torch.randint(3, 40, (2, 3))
+    with torch.no_grad():
+        a, b = model(src, tgt), model(src, changed)
+    torch.testing.assert_close(a[:, :5], b[:, :5])
+    assert not torch.allclose(a[:, 5:], b[:, 5:])
+
+
+@pytest.mark.parametrize("name", PE_NAMES)
+def test_source_padding_does_not_change_the_output(name):
+    model = tiny_model(name).eval()
+    src = torch.randint(3, 40, (1, 6))
+    padded = torch.cat([src, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    tgt = torch.randint(3, 40, (1, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), model(padded, tgt), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", PE_NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_nan_or_inf_at_length_1024(name, dtype):
+    overrides = {"max_len": 1024} if name == "learned" else {}
+    model = tiny_model(name, d_model=16, n_heads=2, layers=1, **overrides)
+    src = torch.randint(3, 40, (1, 1024))
+    tgt = torch.randint(3, 40, (1, 1024))
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is torch.bfloat16):
+        logits = model(src, tgt)
+        loss = logits.float().logsumexp(-1).mean()
+    loss.backward()
+    assert torch.isfinite(logits.float()).all()
+    for param in model.parameters():
+        if param.grad is not None:
+            assert torch.isfinite(param.grad).all()
+
+
+@pytest.mark.parametrize("name", PE_NAMES)
+def test_every_encoding_parameter_gets_a_gradient(name):
+    model = tiny_model(name)
+    src = torch.randint(3, 40, (2, 9))
+    tgt = torch.randint(3, 40, (2, 8))
+    model(src, tgt).logsumexp(-1).mean().backward()
+    for pname, param in model.named_parameters():
+        if "encoding" in pname and param.requires_grad:
+            assert param.grad is not None and param.grad.abs().sum() > 0, pname
+
+
+@pytest.mark.parametrize("name", PE_NAMES)
+def test_attention_weights_are_what_the_layer_applies(name):
+    """``attention_weights`` (used by plots and reports) reproduces the layer's own output."""
+    model = tiny_model(name).eval()
+    layer = model.encoder.layers[0].self_attn
+    x = torch.randn(2, 7, 32)
+    positions = torch.arange(7)
+    from posenc.encodings.base import AttentionCall
+
+    for encoding, causal in [(model.encoder.encoding, False), (model.decoder.encoding, True)]:
+        attn = (model.decoder.layers[0].self_attn if causal else layer)
+        call = AttentionCall(positions, positions, causal, context=encoding.context(positions, positions))
+        weights = attn.attention_weights(x, call)
+        assert weights.shape == (2, 4, 7, 7)
+        assert (weights >= 0).all() and (weights.sum(-1) <= 1 + 1e-5).all()
+        if causal:
+            assert torch.all(weights.triu(1) == 0)
