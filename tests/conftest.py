@@ -23,8 +23,15 @@ def pe_config(name: str, **overrides) -> dict:
     return cfg
 
 
-def tiny_model(name: str, vocab: int = 40, d_model: int = 32, n_heads: int = 4, layers: int = 2,
-               seed: int = 0, **pe_overrides) -> Seq2Seq:
+def tiny_model(
+    name: str,
+    vocab: int = 40,
+    d_model: int = 32,
+    n_heads: int = 4,
+    layers: int = 2,
+    seed: int = 0,
+    **pe_overrides,
+) -> Seq2Seq:
     """A small Seq2Seq (pad 0, bos 1, eos 2) with encoding ``name``, dropout off."""
     torch.manual_seed(seed)
     spec = LayerSpec(d_model=d_model, n_heads=n_heads, d_ff=2 * d_model, dropout=0.0)

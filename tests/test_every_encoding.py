@@ -95,8 +95,10 @@ def test_attention_weights_are_what_the_layer_applies(name):
     from posenc.encodings.base import AttentionCall
 
     for encoding, causal in [(model.encoder.encoding, False), (model.decoder.encoding, True)]:
-        attn = (model.decoder.layers[0].self_attn if causal else layer)
-        call = AttentionCall(positions, positions, causal, context=encoding.context(positions, positions))
+        attn = model.decoder.layers[0].self_attn if causal else layer
+        call = AttentionCall(
+            positions, positions, causal, context=encoding.context(positions, positions)
+        )
         weights = attn.attention_weights(x, call)
         assert weights.shape == (2, 4, 7, 7)
         assert (weights >= 0).all() and (weights.sum(-1) <= 1 + 1e-5).all()

@@ -47,8 +47,12 @@ class Seq2Seq(nn.Module):
         self.embed_scale = math.sqrt(d) if scale_embedding else 1.0
         self.src_embed = nn.Embedding(vocab_size, d, padding_idx=pad_id)
         self.tgt_embed = self.src_embed if share_embeddings else nn.Embedding(vocab_size, d, pad_id)
-        encoder = Encoder(spec, encoding(Site.ENCODER, d, spec.n_heads, n_encoder_layers), n_encoder_layers)
-        decoder = Decoder(spec, encoding(Site.DECODER, d, spec.n_heads, n_decoder_layers), n_decoder_layers)
+        encoder = Encoder(
+            spec, encoding(Site.ENCODER, d, spec.n_heads, n_encoder_layers), n_encoder_layers
+        )
+        decoder = Decoder(
+            spec, encoding(Site.DECODER, d, spec.n_heads, n_decoder_layers), n_decoder_layers
+        )
         self.transformer = nn.Transformer(
             d_model=d,
             nhead=spec.n_heads,
@@ -144,7 +148,9 @@ class Seq2Seq(nn.Module):
             next_token = logits.argmax(dim=-1)
             next_token = torch.where(finished, torch.full_like(next_token, self.pad_id), next_token)
             next_token = torch.where(
-                ~finished & (step + 1 >= limits), torch.full_like(next_token, self.eos_id), next_token
+                ~finished & (step + 1 >= limits),
+                torch.full_like(next_token, self.eos_id),
+                next_token,
             )
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)
             finished |= next_token.eq(self.eos_id)

@@ -129,11 +129,15 @@ class AttentionRule(EncodingModule):
         """
         return q, k, None
 
-    def bias(self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor | None:
+    def bias(
+        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> Tensor | None:
         """Additive logit bias ``(B|1, H|1, Lq, Lk)``, or None."""
         return None
 
-    def weights(self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor:
+    def weights(
+        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> Tensor:
         """Attention weights ``(B, H, Lq, Lk)`` that :meth:`forward` applies to the values.
 
         Used by plots, reports and tests, never on the training path. The default is
