@@ -44,7 +44,7 @@ class MultiHeadAttention(nn.Module):
         state = None
         if memory is None:
             k, v = map(self._split, self.kv_proj(x).chunk(2, dim=-1))
-            q, k, state = self.rule.prepare(q, k, x, call.q_pos)
+            q, k, state = self.rule.prepare(q, k, x, call.q_pos, context=call.context)
             if cache is not None:
                 if cache.get("k") is not None:
                     k = _cat(cache["k"], k, dim=2)

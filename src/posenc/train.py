@@ -1,0 +1,404 @@
+"""The training loop: data -> tokenizer -> token-bucketed batches -> model -> loss -> logs and
+checkpoints. A run directory holds everything a run needs to resume or be evaluated:
+``config.yaml``, ``tokenizer/``, ``checkpoints/{last,best}.pt``, ``tb/`` and ``train_summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from posenc import checkpoint
+from posenc.data import Corpus, TokenBatcher, collate, load_corpora
+from posenc.encodings import encoding_factory
+from posenc.layers import LayerSpec
+from posenc.model import Seq2Seq, count_parameters
+from posenc.optim import lr_factor, make_optimizer
+from posenc.tblog import RunLogger
+from posenc.tokenizer import Tokenizer, build_tokenizer
+
+log = logging.getLogger("posenc.train")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (a NaN loss, say); the message names the step and the way out."""
+
+
+@dataclass
+class TrainState:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    train_seconds: float = 0.0
+    tokens: int = 0
+    best_valid_loss: float = math.inf
+    skipped_batches: int = 0
+    finished: bool = False
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when present, else CPU; otherwise the named device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA with ``auto``; ``fp32`` never; ``bf16`` always."""
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision != "auto":
+        raise ValueError(f"trainer.precision={precision!r} is unknown; use auto, fp32 or bf16")
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (every job of a multirun calls this again)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_model(cfg: DictConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> Seq2Seq:
+    """The Seq2Seq of ``cfg.model`` with encoding ``cfg.pe``."""
+    m = cfg.model
+    spec = LayerSpec(
+        d_model=m.d_model,
+        n_heads=m.n_heads,
+        d_ff=m.d_ff,
+        dropout=m.dropout,
+        attn_dropout=m.attn_dropout,
+        activation=m.activation,
+        norm_first=m.norm_first,
+    )
+    return Seq2Seq(
+        vocab_size=vocab_size,
+        pad_id=pad_id,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        spec=spec,
+        n_encoder_layers=m.encoder_layers,
+        n_decoder_layers=m.decoder_layers,
+        encoding=encoding_factory(OmegaConf.to_container(cfg.pe, resolve=True)),
+        share_embeddings=m.share_embeddings,
+        tie_output=m.tie_output,
+        scale_embedding=m.scale_embedding,
+    )
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Refuse impossible settings before any data is read, by building a throw-away model."""
+    try:
+        build_model(cfg, vocab_size=8, pad_id=0, bos_id=1, eos_id=2)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"invalid configuration: {err}") from err
+    t = cfg.trainer
+    for key in ("max_tokens", "accumulate", "valid_every"):
+        if t[key] is None or t[key] < 1:
+            raise ValueError(f"trainer.{key}={t[key]} must be a positive integer")
+    if t.max_steps is None and t.max_time is None:
+        raise ValueError("set a budget: trainer.max_steps and/or trainer.max_time (seconds)")
+
+
+@dataclass
+class EncodedData:
+    """Token ids of the training and validation pairs."""
+
+    train_src: list[list[int]]
+    train_tgt: list[list[int]]
+    valid_src: list[list[int]]
+    valid_tgt: list[list[int]]
+
+
+def encode_pairs(
+    tokenizer: Tokenizer, corpus: Corpus, max_positions: int | None = None
+) -> tuple[list[list[int]], list[list[int]], int]:
+    """Ids of both sides; pairs with a side longer than ``max_positions`` tokens (EOS included)
+    are dropped when a limit is given. Returns ``(src_ids, tgt_ids, dropped)``."""
+    src = tokenizer.encode_batch(corpus.src)
+    tgt = tokenizer.encode_batch(corpus.tgt)
+    if max_positions is None:
+        return src, tgt, 0
+    keep = [i for i in range(len(src)) if max(len(src[i]), len(tgt[i])) + 1 <= max_positions]
+    return [src[i] for i in keep], [tgt[i] for i in keep], len(src) - len(keep)
+
+
+def prepare(cfg: DictConfig, run_dir: Path) -> tuple[Tokenizer, EncodedData]:
+    """Load and clean the corpora, build (or reuse) the tokenizer, encode train and valid."""
+    corpora = load_corpora(cfg.data)
+    cache_dir = Path(cfg.cache_dir).expanduser()
+    tokenizer = build_tokenizer(cfg.tokenizer, corpora["train"], cache_dir)
+    tokenizer.save(run_dir / "tokenizer")
+    train_src, train_tgt, dropped = encode_pairs(tokenizer, corpora["train"], cfg.trainer.max_positions)
+    if dropped:
+        log.info("dropped %d training pairs longer than %d tokens", dropped, cfg.trainer.max_positions)
+    if not train_src:
+        raise ValueError("no training pairs left after tokenisation; raise trainer.max_positions")
+    valid_src, valid_tgt, _ = encode_pairs(tokenizer, corpora["valid"])
+    return tokenizer, EncodedData(train_src, train_tgt, valid_src, valid_tgt)
+
+
+def token_loss(
+    model: Seq2Seq, batch: tuple[torch.Tensor, ...], pad_id: int, smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Summed label-smoothed loss, summed NLL and the number of target tokens of a batch."""
+    src, tgt_in, tgt_out = batch
+    logits = model(src, tgt_in).float()
+    flat_logits, flat_gold = logits.view(-1, logits.shape[-1]), tgt_out.view(-1)
+    loss = F.cross_entropy(
+        flat_logits, flat_gold, ignore_index=pad_id, label_smoothing=smoothing, reduction="sum"
+    )
+    nll = F.cross_entropy(flat_logits, flat_gold, ignore_index=pad_id, reduction="sum")
+    return loss, nll, int(tgt_out.ne(pad_id).sum())
+
+
+@torch.no_grad()
+def validation_loss(
+    model: Seq2Seq,
+    src: list[list[int]],
+    tgt: list[list[int]],
+    tokenizer: Tokenizer,
+    max_tokens: int,
+    device: torch.device,
+    amp: torch.dtype | None,
+) -> float:
+    """Token-level mean NLL (no label smoothing) over the validation pairs."""
+    was_training = model.training
+    model.eval()
+    batcher = TokenBatcher([len(s) for s in src], [len(t) for t in tgt], max_tokens, shuffle=False)
+    total, count = 0.0, 0
+    for indices in batcher.batches(0):
+        batch = _to_device(_collate(indices, src, tgt, tokenizer), device)
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            _, nll, n = token_loss(model, batch, tokenizer.pad_id, 0.0)
+        total += float(nll)
+        count += n
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+def _collate(indices, src, tgt, tokenizer: Tokenizer):
+    return collate(
+        [src[i] for i in indices],
+        [tgt[i] for i in indices],
+        tokenizer.pad_id,
+        tokenizer.bos_id,
+        tokenizer.eos_id,
+    )
+
+
+def _to_device(batch, device: torch.device):
+    return tuple(t.to(device, non_blocking=True) for t in batch)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process: CUDA allocator peak, else the resident-set high-water mark."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def _checkpoint_payload(model, optimizer, scheduler, state: TrainState, cfg: DictConfig) -> dict:
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "state": asdict(state),
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+        },
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def _restore(path: Path, model, optimizer, scheduler) -> TrainState:
+    payload = checkpoint.load(path)
+    model.load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    torch.set_rng_state(payload["rng"]["torch"])
+    random.setstate(payload["rng"]["python"])
+    np.random.set_state(payload["rng"]["numpy"])
+    return TrainState(**payload["state"])
+
+
+def _resume_path(cfg: DictConfig, run_dir: Path) -> Path | None:
+    if cfg.trainer.resume:
+        return Path(cfg.trainer.resume).expanduser()
+    last = run_dir / "checkpoints" / "last.pt"
+    return last if last.exists() else None
+
+
+def _budget_spent(state: TrainState, cfg: DictConfig) -> bool:
+    t = cfg.trainer
+    return (t.max_steps is not None and state.step >= t.max_steps) or (
+        t.max_time is not None and state.train_seconds >= t.max_time
+    )
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Train (or resume) the run in ``run_dir``; returns the training summary."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    check_config(cfg)
+    seed_everything(cfg.seed)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    amp = autocast_dtype(cfg.trainer.precision, device)
+    tokenizer, data = prepare(cfg, run_dir)
+    model = build_model(cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
+    model.to(device)
+    t = cfg.trainer
+    optimizer = make_optimizer(model, t.lr, t.betas, t.weight_decay)
+    total_steps = t.max_steps or 100_000
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_factor(t.schedule, t.warmup_steps, total_steps, t.min_lr_ratio)
+    )
+    state = TrainState()
+    resume = _resume_path(cfg, run_dir)
+    if resume is not None:
+        state = _restore(resume, model, optimizer, scheduler)
+        log.info("resumed from %s at step %d (%.0f s of training)", resume, state.step, state.train_seconds)
+    if state.finished and not _budget_spent(state, cfg):
+        state.finished = False  # the budget was raised: go on
+    logger = RunLogger(run_dir / "tb", state.step, state.train_seconds)
+    batcher = TokenBatcher(
+        [len(s) for s in data.train_src],
+        [len(t_) + 1 for t_ in data.train_tgt],
+        t.max_tokens,
+        seed=cfg.seed,
+    )
+    n_params = count_parameters(model)
+    log.info(
+        "model: %s parameters; pe=%s; device=%s; effective batch <= %d tokens x %d accumulation",
+        f"{n_params:,}", cfg.pe.name, device, t.max_tokens, t.accumulate,
+    )
+    ckpt_dir = run_dir / "checkpoints"
+
+    def save(best: bool) -> None:
+        payload = _checkpoint_payload(model, optimizer, scheduler, state, cfg)
+        checkpoint.save_atomic(payload, ckpt_dir / "last.pt")
+        if best:
+            checkpoint.save_atomic(payload, ckpt_dir / "best.pt")
+
+    def validate() -> None:
+        loss = validation_loss(
+            model, data.valid_src, data.valid_tgt, tokenizer, t.max_tokens, device, amp
+        )
+        best = loss < state.best_valid_loss
+        state.best_valid_loss = min(loss, state.best_valid_loss)
+        state.history.append(
+            {"step": state.step, "seconds": state.train_seconds, "valid_loss": loss}
+        )
+        logger.scalars(state.step, {"valid/loss": loss})
+        logger.against_time("valid_loss", loss, state.train_seconds)
+        logger.writer.flush()
+        save(best)
+        bar.write(f"step {state.step}: valid loss {loss:.4f}{' (best)' if best else ''}")
+
+    model.train()
+    bar = tqdm(
+        total=t.max_steps, initial=state.step, disable=not t.progress, desc=f"{cfg.pe.name}",
+        dynamic_ncols=True,
+    )
+    window_tokens, window_time = 0, 0.0
+    while not state.finished and not _budget_spent(state, cfg):
+        batches = batcher.batches(state.epoch)
+        while state.batch_in_epoch < len(batches) and not _budget_spent(state, cfg):
+            group = batches[state.batch_in_epoch : state.batch_in_epoch + t.accumulate]
+            state.batch_in_epoch += len(group)
+            started = time.perf_counter()
+            micro = [_to_device(_collate(ix, data.train_src, data.train_tgt, tokenizer), device) for ix in group]
+            n_tokens = sum(int(b[2].ne(tokenizer.pad_id).sum()) for b in micro)
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for batch in micro:
+                with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                    loss, _, _ = token_loss(model, batch, tokenizer.pad_id, t.label_smoothing)
+                (loss / n_tokens).backward()
+                loss_sum += float(loss.detach())
+            step_loss = loss_sum / n_tokens
+            if not math.isfinite(step_loss):
+                if t.nan_policy == "skip":
+                    state.skipped_batches += 1
+                    optimizer.zero_grad(set_to_none=True)
+                    log.warning("step %d: loss is %s; batch skipped", state.step + 1, step_loss)
+                    continue
+                raise TrainingError(
+                    f"loss became {step_loss} at step {state.step + 1}; the last good checkpoint is "
+                    f"{ckpt_dir / 'last.pt'}; lower trainer.lr or set trainer.nan_policy=skip"
+                )
+            if t.clip_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+            optimizer.step()
+            scheduler.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - started
+            state.step += 1
+            state.train_seconds += elapsed
+            state.tokens += n_tokens
+            window_tokens += n_tokens
+            window_time += elapsed
+            logger.against_time("train_loss", step_loss, state.train_seconds)
+            if state.step % t.log_every == 0:
+                lr = scheduler.get_last_lr()[0]
+                speed = window_tokens / max(window_time, 1e-9)
+                logger.scalars(
+                    state.step,
+                    {"train/loss": step_loss, "train/lr": lr, "train/tokens_per_s": speed},
+                )
+                bar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}")
+                window_tokens, window_time = 0, 0.0
+            bar.update(1)
+            if state.step % t.valid_every == 0:
+                validate()
+        if state.batch_in_epoch >= len(batches):
+            state.epoch += 1
+            state.batch_in_epoch = 0
+    if not state.history or state.history[-1]["step"] != state.step:
+        validate()
+    state.finished = True
+    save(best=False)
+    bar.close()
+    summary = {
+        "steps": state.step,
+        "epochs": state.epoch + state.batch_in_epoch / max(len(batcher), 1),
+        "train_seconds": round(state.train_seconds, 3),
+        "train_tokens": state.tokens,
+        "train_tokens_per_s": round(state.tokens / max(state.train_seconds, 1e-9), 1),
+        "best_valid_loss": state.best_valid_loss,
+        "final_valid_loss": state.history[-1]["valid_loss"],
+        "skipped_batches": state.skipped_batches,
+        "parameters": n_params,
+        "peak_memory_mb": round(peak_memory_mb(device), 1),
+        "device": str(device),
+        "train_pairs": len(data.train_src),
+    }
+    (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    logger.close()
+    return summary

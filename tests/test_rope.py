@@ -1,0 +1,231 @@
+"""RoPE (``configs/pe/rope.yaml``): the rotation of the paper, relative scores, and the
+context-extension scalings of transformers' ``modeling_rope_utils``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import pe_config, tiny_model
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+import posenc.encodings.rotary as rotary
+from posenc.encodings.base import AttentionRule, Site
+from posenc.encodings.rotary import RotaryEncoding, RotaryRule
+
+
+def make_rope(head_dim: int = 8, n_heads: int = 2, **params) -> RotaryEncoding:
+    """A decoder-site RoPE encoding for heads of ``head_dim`` dims."""
+    return RotaryEncoding(Site.DECODER, head_dim * n_heads, n_heads, 1, **params)
+
+
+def rotate_qk(
+    encoding: RotaryEncoding, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fast path: tables from ``context``, rotation in ``RotaryRule.prepare``."""
+    tables = encoding.context(positions, positions)
+    q, k, _ = RotaryRule().prepare(q, k, None, positions, context=tables)
+    return q, k
+
+
+def paper_rotate(
+    x: torch.Tensor, positions: torch.Tensor, theta: torch.Tensor, scale: float = 1.0
+) -> torch.Tensor:
+    """RoFormer eq. (13)-(15), one 2x2 rotation at a time: the adjacent pair ``(2i, 2i+1)`` of
+    ``x (B, H, L, D)`` at position ``m`` is multiplied by ``scale * [[cos, -sin], [sin, cos]]``
+    of the angle ``m * theta_i``; dims from ``2 * len(theta)`` on are left alone."""
+    out = x.clone()
+    for m, pos in enumerate(positions.tolist()):
+        for i, t in enumerate(theta.tolist()):
+            c, s = math.cos(pos * t), math.sin(pos * t)
+            matrix = scale * torch.tensor([[c, -s], [s, c]], dtype=x.dtype)
+            for b in range(x.shape[0]):
+                for h in range(x.shape[1]):
+                    out[b, h, m, 2 * i : 2 * i + 2] = matrix @ x[b, h, m, 2 * i : 2 * i + 2]
+    return out
+
+
+def paper_order(head_dim: int, rotated: int) -> torch.Tensor:
+    """Index ``p`` with ``x_paper = x_ours[..., p]``: our pair ``(i, i + r/2)`` is the paper's
+    adjacent pair ``(2i, 2i + 1)``; unrotated dims keep their place."""
+    half = rotated // 2
+    pairs = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
+    return torch.cat([pairs, torch.arange(rotated, head_dim)])
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"rotary_fraction": 0.5},
+        {"scaling": "yarn", "factor": 4.0, "original_max_len": 16},
+        {"scaling": "linear", "factor": 2.0, "rotary_fraction": 0.75},
+    ],
+)
+def test_fast_rotation_equals_the_papers_2x2_rotations_forward_and_backward(params):
+    head_dim = 8
+    encoding = make_rope(head_dim, **params)
+    rotated = 2 * encoding.inv_freq.shape[0]
+    order = paper_order(head_dim, rotated)
+    positions = torch.tensor([0, 3, 7, 30, 101])
+    q = torch.randn(2, 2, 5, head_dim, requires_grad=True)
+    k = torch.randn(2, 2, 5, head_dim, requires_grad=True)
+    weight_q, weight_k = torch.randn(2, 2, 5, head_dim), torch.randn(2, 2, 5, head_dim)
+
+    fast_q, fast_k = rotate_qk(encoding, q, k, positions)
+    fast_q, fast_k = fast_q[..., order], fast_k[..., order]
+    ref_q = paper_rotate(q[..., order], positions, encoding.inv_freq, encoding.attention_factor)
+    ref_k = paper_rotate(k[..., order], positions, encoding.inv_freq, encoding.attention_factor)
+    torch.testing.assert_close(fast_q, ref_q)
+    torch.testing.assert_close(fast_k, ref_k)
+
+    def grads(rq, rk):
+        loss = (rq * weight_q).sum() + (rk * weight_k).sum() + (rq @ rk.transpose(-1, -2)).sum()
+        return torch.autograd.grad(loss, (q, k))
+
+    for fast, ref in zip(grads(fast_q, fast_k), grads(ref_q, ref_k), strict=True):
+        torch.testing.assert_close(fast, ref)
+
+
+@pytest.mark.parametrize("scaling", ["none", "linear", "ntk", "yarn"])
+def test_scores_depend_only_on_the_relative_position(scaling):
+    encoding = make_rope(16, scaling=scaling, factor=4.0, original_max_len=32)
+    q, k = torch.randn(1, 2, 6, 16), torch.randn(1, 2, 6, 16)
+    positions = torch.tensor([0, 1, 2, 5, 9, 20])
+    scores = []
+    for shift in [0, 7, 300]:
+        rq, rk = rotate_qk(encoding, q, k, positions + shift)
+        scores.append(rq @ rk.transpose(-1, -2))
+    torch.testing.assert_close(scores[1], scores[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(scores[2], scores[0], atol=1e-4, rtol=1e-4)
+
+
+def test_rotation_preserves_norms_and_yarn_scales_them_by_its_temperature():
+    q, k = torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
+    positions = torch.arange(100, 109)
+    rq, rk = rotate_qk(make_rope(), q, k, positions)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
+    torch.testing.assert_close(rk.norm(dim=-1), k.norm(dim=-1))
+    yarn = make_rope(scaling="yarn", factor=4.0, original_max_len=16)
+    temperature = 0.1 * math.log(4.0) + 1.0
+    rq, _ = rotate_qk(yarn, q, k, positions)
+    torch.testing.assert_close(rq.norm(dim=-1), temperature * q.norm(dim=-1))
+
+
+def test_partial_rotation_leaves_the_tail_dims_unchanged():
+    q, k = torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
+    rq, rk = rotate_qk(make_rope(16, rotary_fraction=0.25), q, k, torch.arange(3, 12))
+    torch.testing.assert_close(rq[..., 4:], q[..., 4:], rtol=0, atol=0)
+    torch.testing.assert_close(rk[..., 4:], k[..., 4:], rtol=0, atol=0)
+    assert not torch.allclose(rq[..., 1:, :4], q[..., 1:, :4])
+
+
+def test_factor_is_ignored_without_scaling():
+    plain, with_factor = make_rope(), make_rope(scaling="none", factor=8.0, original_max_len=3)
+    torch.testing.assert_close(with_factor.inv_freq, plain.inv_freq, rtol=0, atol=0)
+    assert with_factor.attention_factor == plain.attention_factor == 1.0
+
+
+def test_linear_scaling_is_position_interpolation():
+    """Chen et al. 2023: rotating position ``m`` with factor ``s`` = rotating ``m / s``."""
+    q, k = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+    interpolated = rotate_qk(make_rope(scaling="linear", factor=4.0), q, k, torch.arange(0, 16, 4))
+    plain = rotate_qk(make_rope(), q, k, torch.arange(4))
+    torch.testing.assert_close(interpolated, plain)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"rotary_fraction": 0.375}, "rotary_fraction"),
+        ({"rotary_fraction": 0.0}, "rotary_fraction"),
+        ({"scaling": "dynamic"}, "scaling"),
+        ({"scaling": "linear", "factor": 0.5}, "factor"),
+    ],
+)
+def test_invalid_settings_fail_at_construction(params, message):
+    with pytest.raises(ValueError, match=message):
+        make_rope(8, **params)
+
+
+def llama_config(head_dim: int, fraction: float, rope_parameters: dict) -> LlamaConfig:
+    """A transformers config whose heads have ``head_dim`` dims, ``fraction`` of them rotated."""
+    params = {"rope_theta": 10000.0, "partial_rotary_factor": fraction, **rope_parameters}
+    return LlamaConfig(
+        hidden_size=2 * head_dim,
+        num_attention_heads=2,
+        max_position_embeddings=128,
+        rope_parameters=params,
+    )
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+@pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn"])
+def test_inverse_frequencies_match_transformers(scaling, fraction):
+    head_dim, factor, original = 32, 4.0, 32
+    ours = make_rope(
+        head_dim,
+        rotary_fraction=fraction,
+        scaling=scaling,
+        factor=factor,
+        original_max_len=original,
+    )
+    if scaling == "ntk":
+        # transformers has NTK-aware scaling only in its "dynamic" form, whose base is
+        # base * (factor * S / M - factor + 1)^(r/(r-2)) at length S; at S = M (2 factor - 1) /
+        # factor that is the static base * factor^(r/(r-2)).
+        config = llama_config(head_dim, fraction, {"rope_type": "dynamic", "factor": factor})
+        length = int(128 * (2 * factor - 1) / factor)
+        inv_freq, attention = ROPE_INIT_FUNCTIONS["dynamic"](config, seq_len=length)
+    else:
+        extra = {"original_max_position_embeddings": original} if scaling == "yarn" else {}
+        config = llama_config(head_dim, fraction, {"rope_type": scaling, "factor": factor, **extra})
+        inv_freq, attention = ROPE_INIT_FUNCTIONS[scaling](config)
+    torch.testing.assert_close(ours.inv_freq, inv_freq)
+    assert ours.attention_factor == pytest.approx(attention)
+
+
+@pytest.mark.parametrize(
+    ("params", "rope_parameters"),
+    [
+        ({}, {"rope_type": "default"}),
+        ({"scaling": "linear", "factor": 2.0}, {"rope_type": "linear", "factor": 2.0}),
+        (
+            {"scaling": "yarn", "factor": 4.0, "original_max_len": 32},
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        ),
+    ],
+)
+def test_rotated_q_and_k_match_transformers_llama(params, rope_parameters):
+    """Our layout is Llama's ``rotate_half``: same numbers, temperature included."""
+    head_dim = 32
+    positions = torch.tensor([0, 1, 5, 40, 200])
+    q, k = torch.randn(2, 2, 5, head_dim), torch.randn(2, 2, 5, head_dim)
+    llama = LlamaRotaryEmbedding(llama_config(head_dim, 1.0, rope_parameters))
+    cos, sin = llama(q, positions[None])
+    expected = apply_rotary_pos_emb(q, k, cos, sin)
+    torch.testing.assert_close(rotate_qk(make_rope(head_dim, **params), q, k, positions), expected)
+
+
+def test_rope_rotates_self_attention_only_and_builds_its_tables_once_per_stack(monkeypatch):
+    model = tiny_model("rope")
+    for layer in [*model.encoder.layers, *model.decoder.layers]:
+        assert isinstance(layer.self_attn.rule, RotaryRule)
+    for layer in model.decoder.layers:
+        assert type(layer.cross_attn.rule) is AttentionRule
+    calls = []
+    original = rotary.rotation_tables
+    monkeypatch.setattr(
+        rotary, "rotation_tables", lambda *a, **kw: calls.append(1) or original(*a, **kw)
+    )
+    model(torch.randint(3, 40, (2, 7)), torch.randint(3, 40, (2, 5)))
+    assert len(calls) == 2  # one per stack, shared by both layers of each
+
+
+def test_the_yaml_holds_the_papers_defaults():
+    cfg = pe_config("rope")
+    assert cfg["base"] == 10000.0 and cfg["rotary_fraction"] == 1.0
+    assert cfg["scaling"] == "none"

@@ -1,0 +1,18 @@
+"""Train and evaluate one encoder-decoder Transformer: ``python train.py pe=rope``.
+
+Sweep: ``python train.py -m pe=nonepe,sinpe,rope``. Every setting is in ``configs/``.
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+from posenc.cli import run
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
