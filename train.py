@@ -6,12 +6,12 @@ Sweep: ``python train.py -m pe=nonepe,sinpe,rope``. Every setting is in ``config
 import hydra
 from omegaconf import DictConfig
 
-from posenc.cli import run
+from posenc.cli import hydra_job, run
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> None:
-    run(cfg)
+    run(cfg, *hydra_job())
 
 
 if __name__ == "__main__":

@@ -43,3 +43,24 @@ def tiny_model(
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+def compose(*overrides: str):
+    """The real ``configs/train.yaml`` composed with ``overrides`` (no Hydra job started)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import posenc.cli  # noqa: F401  (registers the config resolvers)
+
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides))
+
+
+SMOKE = ("experiment=smoke", "eval.max_sentences=12", "trainer.progress=false")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Tokenizers trained by tests go to one temporary cache; the hub is never contacted."""
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")

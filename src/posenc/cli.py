@@ -38,11 +38,20 @@ def _absolute_paths(cfg: DictConfig) -> None:
             cfg.trainer.resume = to_absolute_path(cfg.trainer.resume)
 
 
-def run(cfg: DictConfig) -> dict[str, Any] | None:
-    """Train and evaluate one configuration in the Hydra job's output directory."""
+def hydra_job() -> tuple[Path, bool]:
+    """The current Hydra job's output directory and whether it is part of a multirun."""
     hydra_cfg = HydraConfig.get()
-    run_dir = Path(hydra_cfg.runtime.output_dir)
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    return Path(hydra_cfg.runtime.output_dir), hydra_cfg.mode == RunMode.MULTIRUN
+
+
+def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any] | None:
+    """Train and evaluate one configuration in ``run_dir``.
+
+    A user error (bad data, corrupt checkpoint, NaN loss, impossible config) is logged as one
+    line and recorded in ``failed.json``; a single run then exits with status 1, while a
+    multirun goes on with its other jobs.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
     _absolute_paths(cfg)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     metrics_path = run_dir / "metrics.json"

@@ -44,7 +44,7 @@ def translate(
 
     Sentences are batched by length under a token budget so little compute goes to padding.
     """
-    batcher = TokenBatcher([len(s) + 1 for s in sources], [1] * len(sources), batch_tokens, shuffle=False)
+    batcher = TokenBatcher([len(s) for s in sources], [0] * len(sources), batch_tokens, shuffle=False)
     outputs: list[list[int]] = [[] for _ in sources]
     started = time.perf_counter()
     for indices in batcher.batches(0):
@@ -69,7 +69,7 @@ def sentence_losses(
 ) -> tuple[list[float], list[int]]:
     """Summed teacher-forced NLL and target token count (EOS included) of every pair."""
     model.eval()
-    batcher = TokenBatcher([len(s) + 1 for s in sources], [len(t) + 1 for t in targets],
+    batcher = TokenBatcher([len(s) for s in sources], [len(t) for t in targets],
                            batch_tokens, shuffle=False)
     nll = [0.0] * len(sources)
     count = [0] * len(sources)

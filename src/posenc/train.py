@@ -288,7 +288,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     logger = RunLogger(run_dir / "tb", state.step, state.train_seconds)
     batcher = TokenBatcher(
         [len(s) for s in data.train_src],
-        [len(t_) + 1 for t_ in data.train_tgt],
+        [len(t_) for t_ in data.train_tgt],
         t.max_tokens,
         seed=cfg.seed,
     )

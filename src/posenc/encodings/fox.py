@@ -26,10 +26,11 @@ Incremental decoding: :meth:`ForgetGateRule.prepare` returns the new tokens' ``l
 ``(B, H, L)``, which the attention caches alongside k; the bias is rebuilt from the cumulative
 sum of the cached gates, with query rows at ``call.q_pos`` (keys are at ``arange(Lk)``).
 
-Speed: in the causal form the ``c_i`` term is constant along a softmax row and drops out, so
-``softmax_j(q_i . k_j / sqrt(D) + c_i - c_j) = softmax_j(q'_i . k'_j)`` with
-``q' = [q / sqrt(D), 1]`` and ``k' = [k, -c]``: the decoder runs SDPA's fused kernel with one
-extra head dimension instead of a ``(B, H, L, L)`` bias that needs a gradient.
+Speed: ``c_i - c_j`` is a dot product, ``[1, c_i] . [-c_j, 1]``, so the bias rides in two extra
+head dims of q and k and attention runs on SDPA's fused kernel instead of materialising a
+``(B, H, L, L)`` bias that needs a gradient (which forces SDPA's slow math kernel). The encoder
+form lists every key twice (``[k, -c_j, 1]`` for keys at or before the query,
+``[k, c_j, -1]`` after it) under a bool mask: twice the keys, still faster than the bias.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from posenc.encodings.base import (
     AttentionRule,
     Site,
     StackEncoding,
-    additive_mask,
 )
 
 
@@ -95,36 +95,50 @@ class ForgetGateRule(AttentionRule):
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         with torch.autocast(q.device.type, enabled=False):
-            q32, k32, v32 = q.float(), k.float(), v.float()
-            if self.bidirectional:
-                mask = additive_mask(self.bias(q32, k32, key_state, call), call, torch.float32)
-                out = F.scaled_dot_product_attention(
-                    q32, k32, v32, attn_mask=mask, dropout_p=call.dropout_p
-                )
-            else:
-                out = _causal_decay_attention(q32, k32, v32, key_state.float().cumsum(-1), call)
+            cumulative = key_state.float().cumsum(-1)
+            out = _decay_attention(
+                q.float(), k.float(), v.float(), cumulative, call, self.bidirectional
+            )
         return out.to(q.dtype)
 
 
-def _causal_decay_attention(
-    q: Tensor, k: Tensor, v: Tensor, cumulative: Tensor, call: AttentionCall
+def _decay_attention(
+    q: Tensor, k: Tensor, v: Tensor, cumulative: Tensor, call: AttentionCall, bidirectional: bool
 ) -> Tensor:
-    """``softmax_j(q_i . k_j / sqrt(D) - c_j) v`` over allowed keys: the causal FoX output.
+    """``softmax_j(q_i . k_j / sqrt(D) + D_ij) v`` over the allowed keys, on SDPA's fused kernel.
 
-    ``q (B, H, Lq, D)``, ``k, v (B, H, Lk, D)``, ``cumulative`` = ``c (B, H, Lk)``. The per-key
-    term rides in an extra head dimension; v is padded to match, as the fused kernel needs equal
-    head dims. Returns ``(B, H, Lq, D)``.
+    ``q (B, H, Lq, D)``, ``k, v (B, H, Lk, D)``, ``cumulative`` = ``c (B, H, Lk)``; returns
+    ``(B, H, Lq, D)``. The bias rides in two extra head dims: ``[q / sqrt(D), 1, c_i]`` against
+    ``[k, -c_j, 1]`` scores ``s_ij + c_i - c_j``, the bias for keys at or before the query. The
+    encoder form also needs ``s_ij + c_j - c_i`` for keys after it, so each key appears twice,
+    as ``[k, -c_j, 1]`` and ``[k, c_j, -1]``, and the mask lets each query see the copy that
+    holds its bias. v is padded to ``D + 2`` (the fused kernel wants equal head dims).
     """
     dim = q.shape[-1]
-    q_aug = torch.cat([q * (1.0 / math.sqrt(dim)), q.new_ones(*q.shape[:-1], 1)], dim=-1)
-    k_aug = torch.cat([k, -cumulative[..., None]], dim=-1)
-    from_start = call.key_padding_mask is None and q.shape[2] == k.shape[2]
-    is_causal = call.needs_causal_mask and from_start
+    c_q, c_k = cumulative[..., call.q_pos, None], cumulative[..., None]
+    q_aug = torch.cat([q * (1.0 / math.sqrt(dim)), torch.ones_like(c_q), c_q], dim=-1)
+    k_before = torch.cat([k, -c_k, torch.ones_like(c_k)], dim=-1)
+    if bidirectional:
+        keys = torch.cat([k_before, torch.cat([k, c_k, -torch.ones_like(c_k)], dim=-1)], dim=2)
+        values = torch.cat([v, v], dim=2)
+        before = call.k_pos[None, :] <= call.q_pos[:, None]  # (Lq, Lk)
+        mask = torch.cat([before, ~before], dim=-1)[None, None]
+        if call.key_padding_mask is not None:
+            keep = ~call.key_padding_mask[:, None, None, :]
+            mask = mask & torch.cat([keep, keep], dim=-1)
+        is_causal = False
+    else:
+        keys, values = k_before, v
+        # SDPA's is_causal aligns the first query with the first key: only valid from position 0.
+        is_causal = (
+            call.needs_causal_mask and call.key_padding_mask is None and q.shape[2] == k.shape[2]
+        )
+        mask = None if is_causal else call.allowed()
     out = F.scaled_dot_product_attention(
         q_aug,
-        k_aug,
-        F.pad(v, (0, 1)),
-        attn_mask=None if is_causal else call.allowed(),
+        keys,
+        F.pad(values, (0, 2)),
+        attn_mask=mask,
         dropout_p=call.dropout_p,
         is_causal=is_causal,
         scale=1.0,

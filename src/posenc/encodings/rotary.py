@@ -9,7 +9,8 @@
   - ``ntk``: NTK-aware base ``base * factor^(r / (r - 2))``;
   - ``yarn``: YaRN (Peng et al. 2023), a per-frequency ramp between interpolation and
     extrapolation (``beta_fast=32``, ``beta_slow=1``, bounds floored/ceiled as in the authors'
-    code) and the attention temperature ``0.1 ln(factor) + 1`` multiplied into cos and sin.
+    code) and the attention temperature ``0.1 ln(factor) + 1`` multiplied into the
+    rotation (cos and sin), so both q and k carry it.
 
   The inverse frequencies equal ``transformers.modeling_rope_utils``' ("linear", "yarn", and
   "dynamic" evaluated where its base equals the static NTK base).
@@ -20,16 +21,19 @@
   decays as ``zeta_i^((m-n)/scale_base)`` with the distance ``m - n >= 0``.
 
 Layout: the rotated dims are the first ``r = rotary_fraction * D`` dims of each head, and pair
-``i`` is ``(i, i + r/2)`` ("rotate half", as in GPT-NeoX and transformers' Llama). The paper
-pairs adjacent dims ``(2i, 2i+1)``; the two differ only by a fixed permutation of head dims,
-which the learned q/k projections absorb (the tests check the equivalence). The remaining
-``D - r`` dims pass through unrotated.
+``i`` is the adjacent pair ``(2i, 2i+1)``, as in the paper (and the seed report): the pair is the
+complex number ``x_2i + i x_2i+1`` and turns by multiplication with ``e^(i m theta_i)``, which is
+also the cheapest form on CPU (one complex multiply forward, one backward). transformers' Llama
+pairs ``(i, i + r/2)`` ("rotate half"); the two differ only by a fixed permutation of head dims,
+which the learned q/k projections absorb (the tests check the equivalence number for number).
+The remaining ``D - r`` dims pass through unrotated.
 
 Where it applies: encoder and decoder self-attention. Cross-attention stays plain: source and
 target positions do not lie on one axis. Keys are rotated once, at their own position, before
 they enter the decoder's key/value cache (:meth:`AttentionRule.prepare`); attention itself is
-plain SDPA. The cos/sin tables are computed once per forward in ``context`` for the positions
-of the call (new keys share the queries' positions) and shared by every layer.
+plain SDPA. The rotation table ``e^(i m theta)`` (cos/sin) is computed once per forward in
+``context`` for the positions of the call (new keys share the queries' positions) and shared
+by every layer.
 """
 
 from __future__ import annotations
@@ -101,42 +105,40 @@ def rope_inverse_frequencies(
     return inv_freq, yarn_attention_factor(factor)
 
 
-def rotation_tables(
-    positions: Tensor, inv_freq: Tensor, scale: Tensor | float = 1.0
-) -> tuple[Tensor, Tensor]:
-    """``cos, sin (L, r)`` in float32 for ``positions (L,)`` and ``inv_freq (r/2,)``.
-
-    Both halves repeat the pair values (pair ``i`` is dims ``i`` and ``i + r/2``); ``sin``'s
-    first half is negated so that :func:`rotate` needs no negation. ``scale`` (a float or
-    ``(L, r/2)``) multiplies both: YaRN's temperature, xPos's decay.
-    """
+def rotation_table(positions: Tensor, inv_freq: Tensor, scale: Tensor | float = 1.0) -> Tensor:
+    """Complex ``scale * e^(i m theta) (L, r/2)`` (complex64) for ``positions (L,)`` and
+    ``inv_freq (r/2,)``; ``scale`` (a float or ``(L, r/2)``) is YaRN's temperature or xPos's
+    decay."""
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    cos, sin = angles.cos() * scale, angles.sin() * scale
-    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+    return torch.complex(angles.cos() * scale, angles.sin() * scale)
 
 
-def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate the first ``r`` dims of ``x (B, H, L, D)`` by tables ``cos, sin (L, r)`` from
-    :func:`rotation_tables`; the other ``D - r`` dims pass through."""
-    r = cos.shape[-1]
-    half = r // 2
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    if r == x.shape[-1]:
-        return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
-    head = x[..., :r]
-    swapped = torch.cat((head[..., half:], head[..., :half]), dim=-1)
-    return torch.cat((head * cos + swapped * sin, x[..., r:]), dim=-1)
+def rotate(x: Tensor, table: Tensor) -> Tensor:
+    """Rotate the first ``r`` dims of ``x (B, H, L, D)`` by ``table (L, r/2)`` from
+    :func:`rotation_table`, pair ``(2i, 2i+1)`` by entry ``i``; the other dims pass through.
+
+    Computed in float32 for lower-precision inputs (complex bfloat16 does not exist) and
+    returned in ``x``'s dtype.
+    """
+    r = 2 * table.shape[-1]
+    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    head = work[..., :r] if r < x.shape[-1] else work
+    if head.storage_offset() % 2 or any(stride % 2 for stride in head.stride()[:-1]):
+        head = head.contiguous()  # a complex view needs even strides (odd head dims)
+    pairs = torch.view_as_complex(head.unflatten(-1, (-1, 2)))
+    out = torch.view_as_real(pairs * table.to(pairs.dtype)).flatten(-2)
+    if r < x.shape[-1]:
+        out = torch.cat((out, work[..., r:]), dim=-1)
+    return out.to(x.dtype)
 
 
 @dataclass
 class RotaryTables:
-    """The per-forward rotation of the new tokens: ``(L, r)`` float32 tables for queries and
-    for keys (the same tensors unless the key side is scaled differently, as in xPos)."""
+    """The per-forward rotation of the new tokens: complex ``(L, r/2)`` tables for queries and
+    for keys (the same tensor unless the key side is scaled differently, as in xPos)."""
 
-    q_cos: Tensor
-    q_sin: Tensor
-    k_cos: Tensor
-    k_sin: Tensor
+    q: Tensor
+    k: Tensor
 
 
 class RotaryRule(AttentionRule):
@@ -152,16 +154,12 @@ class RotaryRule(AttentionRule):
         context: RotaryTables | None = None,
     ) -> tuple[Tensor, Tensor, None]:
         """``q, k (B, H, L, D)`` rotated at ``positions (L,)`` using ``context``."""
-        if context is None or context.q_cos.shape[0] != positions.shape[0]:
+        if context is None or context.q.shape[0] != positions.shape[0]:
             raise ValueError(
                 "a rotary rule needs the stack's context built from the call's q_pos "
                 f"({positions.shape[0]} positions)"
             )
-        return (
-            rotate(q, context.q_cos, context.q_sin),
-            rotate(k, context.k_cos, context.k_sin),
-            None,
-        )
+        return rotate(q, context.q), rotate(k, context.k), None
 
 
 class _RotaryStack(StackEncoding):
@@ -218,9 +216,9 @@ class RotaryEncoding(_RotaryStack):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def context(self, q_pos: Tensor, k_pos: Tensor) -> RotaryTables:
-        """cos/sin ``(Lq, r)`` for the call's new tokens (keys share the queries' positions)."""
-        cos, sin = rotation_tables(q_pos, self.inv_freq, self.attention_factor)
-        return RotaryTables(cos, sin, cos, sin)
+        """The ``(Lq, r/2)`` table of the call's new tokens (keys share the queries' positions)."""
+        table = rotation_table(q_pos, self.inv_freq, self.attention_factor)
+        return RotaryTables(table, table)
 
 
 class XPosEncoding(_RotaryStack):
@@ -276,12 +274,13 @@ class XPosEncoding(_RotaryStack):
         self.register_buffer("log_zeta", zeta.log(), persistent=False)
 
     def context(self, q_pos: Tensor, k_pos: Tensor) -> RotaryTables:
-        """Query and key tables ``(Lq, D)`` for the call's new tokens; key tables carry the
-        inverse decay (decoder) or equal the query tables (encoder)."""
+        """Query and key tables ``(Lq, D/2)`` for the call's new tokens; the key table carries
+        the inverse decay (decoder) or equals the query table (encoder)."""
         if not self.causal:
-            cos, sin = rotation_tables(q_pos, self.inv_freq)
-            return RotaryTables(cos, sin, cos, sin)
+            table = rotation_table(q_pos, self.inv_freq)
+            return RotaryTables(table, table)
         power = q_pos.to(torch.float32)[:, None] / self.scale_base * self.log_zeta[None, :]
-        q_cos, q_sin = rotation_tables(q_pos, self.inv_freq, power.exp())
-        k_cos, k_sin = rotation_tables(q_pos, self.inv_freq, (-power).exp())
-        return RotaryTables(q_cos, q_sin, k_cos, k_sin)
+        return RotaryTables(
+            rotation_table(q_pos, self.inv_freq, power.exp()),
+            rotation_table(q_pos, self.inv_freq, (-power).exp()),
+        )

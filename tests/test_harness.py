@@ -1,0 +1,159 @@
+"""The harness end to end: compose the real config, train a few steps, decode, score."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import open_dict
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import PE_NAMES, ROOT, SMOKE, compose
+from posenc import train as train_module
+from posenc.cli import run
+from posenc.metrics import bleu_chrf
+
+
+def scalar_steps(run_dir, tag):
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+@pytest.mark.parametrize("pe", PE_NAMES)
+def test_every_encoding_trains_decodes_and_scores(pe, tmp_path):
+    cfg = compose(*SMOKE, f"pe={pe}", "trainer.max_steps=6", "trainer.valid_every=3")
+    metrics = run(cfg, tmp_path)
+    test = metrics["splits"]["test"]
+    assert metrics["pe"] == pe and metrics["step"] == 6
+    assert 0 <= test["bleu"] <= 100 and test["bleu_signature"].startswith("nrefs:1")
+    assert test["sentences"] == 12
+    assert (tmp_path / "hypotheses.test.txt").read_text().count("\n") == 12
+    assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
+    for tag in ("train/loss", "valid/loss", "train/lr", "train/tokens_per_s", "time/train_loss"):
+        assert scalar_steps(tmp_path, tag), tag
+
+
+def test_a_perfect_hypothesis_scores_bleu_100():
+    refs = ["The cat sat on the mat.", "A second, longer sentence follows here."]
+    scores = bleu_chrf(refs, refs)
+    assert scores["bleu"] == pytest.approx(100.0) and scores["chrf"] == pytest.approx(100.0)
+    assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+
+
+def test_an_interrupted_run_resumes_to_the_same_result_without_duplicated_steps(
+    tmp_path, monkeypatch
+):
+    overrides = (*SMOKE, "pe=rope", "trainer.max_steps=20", "trainer.valid_every=5",
+                 "trainer.log_every=1", "eval.enabled=false")
+    straight = tmp_path / "straight"
+    run(compose(*overrides), straight)
+
+    interrupted = tmp_path / "interrupted"
+    real_validation = train_module.validation_loss
+    calls = {"n": 0}
+
+    def crash_on_third_validation(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # as if killed at step 15, after checkpoint 10
+        return real_validation(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "validation_loss", crash_on_third_validation)
+    with pytest.raises(KeyboardInterrupt):
+        run(compose(*overrides), interrupted)
+    monkeypatch.setattr(train_module, "validation_loss", real_validation)
+    assert torch.load(interrupted / "checkpoints" / "last.pt", weights_only=False)["state"][
+        "step"
+    ] == 10
+    run(compose(*overrides), interrupted)
+
+    resumed = json.loads((interrupted / "train_summary.json").read_text())
+    reference = json.loads((straight / "train_summary.json").read_text())
+    assert resumed["steps"] == reference["steps"] == 20
+    assert resumed["final_valid_loss"] == pytest.approx(reference["final_valid_loss"], rel=1e-5)
+    for tag in ("train/loss", "valid/loss"):
+        steps = [s for s, _ in scalar_steps(interrupted, tag)]
+        assert steps == sorted(set(steps)), f"{tag} has duplicated steps"
+        assert steps == [s for s, _ in scalar_steps(straight, tag)]
+    seconds = [s for s, _ in scalar_steps(interrupted, "time/train_loss")]
+    assert seconds == sorted(set(seconds))
+
+
+def test_rerunning_a_finished_run_does_nothing_new(tmp_path):
+    cfg = compose(*SMOKE, "pe=nonepe", "trainer.max_steps=4", "trainer.valid_every=2")
+    first = run(cfg, tmp_path)
+    second = run(compose(*SMOKE, "pe=nonepe", "trainer.max_steps=4", "trainer.valid_every=2"),
+                 tmp_path)
+    assert first == second
+
+
+def test_a_nan_loss_stops_the_run_with_the_step_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+    real_loss = train_module.token_loss
+    calls = {"n": 0}
+
+    def nan_after_four(*args, **kwargs):
+        loss, nll, n = real_loss(*args, **kwargs)
+        calls["n"] += torch.is_grad_enabled()  # count training batches, not validation
+        return (loss * float("nan") if calls["n"] > 4 else loss), nll, n
+
+    monkeypatch.setattr(train_module, "token_loss", nan_after_four)
+    cfg = compose(*SMOKE, "pe=nonepe", "trainer.max_steps=10", "trainer.valid_every=2")
+    with pytest.raises(SystemExit):
+        run(cfg, tmp_path)
+    failure = json.loads((tmp_path / "failed.json").read_text())
+    assert "at step 5" in failure["message"] and "nan" in failure["message"]
+    assert (tmp_path / "checkpoints" / "last.pt").exists()
+
+
+def test_nan_policy_skip_skips_bad_batches(tmp_path, monkeypatch):
+    real_loss = train_module.token_loss
+    calls = {"n": 0}
+
+    def one_nan(*args, **kwargs):
+        loss, nll, n = real_loss(*args, **kwargs)
+        calls["n"] += torch.is_grad_enabled()
+        return (loss * float("nan") if calls["n"] == 3 and torch.is_grad_enabled() else loss), nll, n
+
+    monkeypatch.setattr(train_module, "token_loss", one_nan)
+    cfg = compose(*SMOKE, "pe=nonepe", "trainer.max_steps=6", "trainer.nan_policy=skip",
+                  "eval.enabled=false")
+    run(cfg, tmp_path)
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert summary["steps"] == 6 and summary["skipped_batches"] == 1
+
+
+def test_impossible_model_settings_are_refused_before_data_is_read(tmp_path):
+    cfg = compose(*SMOKE, "model.n_heads=3")
+    with open_dict(cfg):
+        cfg.data.kind = "local"
+        cfg.data.dir = str(tmp_path / "no-such-dir")
+    with pytest.raises(SystemExit):
+        run(cfg, tmp_path)
+    message = json.loads((tmp_path / "failed.json").read_text())["message"]
+    assert "not divisible" in message
+
+
+def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd, capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_an_unknown_encoding_name_is_a_clear_error(tmp_path):
+    result = _cli("pe=nope", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "pe/nope" in result.stderr and "Available options" in result.stderr
+
+
+def test_a_multirun_of_two_encodings_produces_two_scored_runs(tmp_path):
+    result = _cli("-m", *SMOKE, "pe=nonepe,rope", "trainer.max_steps=4", "trainer.valid_every=2",
+                  f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/metrics.json"))
+    suffix = ",trainer.max_steps=4,trainer.valid_every=2"  # job directories name their overrides
+    assert runs == ["pe=nonepe" + suffix, "pe=rope" + suffix]
