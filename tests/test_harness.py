@@ -47,8 +47,14 @@ def test_a_perfect_hypothesis_scores_bleu_100():
 def test_an_interrupted_run_resumes_to_the_same_result_without_duplicated_steps(
     tmp_path, monkeypatch
 ):
-    overrides = (*SMOKE, "pe=rope", "trainer.max_steps=20", "trainer.valid_every=5",
-                 "trainer.log_every=1", "eval.enabled=false")
+    overrides = (
+        *SMOKE,
+        "pe=rope",
+        "trainer.max_steps=20",
+        "trainer.valid_every=5",
+        "trainer.log_every=1",
+        "eval.enabled=false",
+    )
     straight = tmp_path / "straight"
     run(compose(*overrides), straight)
 
@@ -66,9 +72,10 @@ def test_an_interrupted_run_resumes_to_the_same_result_without_duplicated_steps(
     with pytest.raises(KeyboardInterrupt):
         run(compose(*overrides), interrupted)
     monkeypatch.setattr(train_module, "validation_loss", real_validation)
-    assert torch.load(interrupted / "checkpoints" / "last.pt", weights_only=False)["state"][
-        "step"
-    ] == 10
+    assert (
+        torch.load(interrupted / "checkpoints" / "last.pt", weights_only=False)["state"]["step"]
+        == 10
+    )
     run(compose(*overrides), interrupted)
 
     resumed = json.loads((interrupted / "train_summary.json").read_text())
@@ -86,8 +93,9 @@ def test_an_interrupted_run_resumes_to_the_same_result_without_duplicated_steps(
 def test_rerunning_a_finished_run_does_nothing_new(tmp_path):
     cfg = compose(*SMOKE, "pe=nonepe", "trainer.max_steps=4", "trainer.valid_every=2")
     first = run(cfg, tmp_path)
-    second = run(compose(*SMOKE, "pe=nonepe", "trainer.max_steps=4", "trainer.valid_every=2"),
-                 tmp_path)
+    second = run(
+        compose(*SMOKE, "pe=nonepe", "trainer.max_steps=4", "trainer.valid_every=2"), tmp_path
+    )
     assert first == second
 
 
@@ -116,11 +124,16 @@ def test_nan_policy_skip_skips_bad_batches(tmp_path, monkeypatch):
     def one_nan(*args, **kwargs):
         loss, nll, n = real_loss(*args, **kwargs)
         calls["n"] += torch.is_grad_enabled()
-        return (loss * float("nan") if calls["n"] == 3 and torch.is_grad_enabled() else loss), nll, n
+        return (
+            (loss * float("nan") if calls["n"] == 3 and torch.is_grad_enabled() else loss),
+            nll,
+            n,
+        )
 
     monkeypatch.setattr(train_module, "token_loss", one_nan)
-    cfg = compose(*SMOKE, "pe=nonepe", "trainer.max_steps=6", "trainer.nan_policy=skip",
-                  "eval.enabled=false")
+    cfg = compose(
+        *SMOKE, "pe=nonepe", "trainer.max_steps=6", "trainer.nan_policy=skip", "eval.enabled=false"
+    )
     run(cfg, tmp_path)
     summary = json.loads((tmp_path / "train_summary.json").read_text())
     assert summary["steps"] == 6 and summary["skipped_batches"] == 1
@@ -140,7 +153,10 @@ def test_impossible_model_settings_are_refused_before_data_is_read(tmp_path):
 def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd, capture_output=True, text=True, timeout=600,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -151,8 +167,15 @@ def test_an_unknown_encoding_name_is_a_clear_error(tmp_path):
 
 
 def test_a_multirun_of_two_encodings_produces_two_scored_runs(tmp_path):
-    result = _cli("-m", *SMOKE, "pe=nonepe,rope", "trainer.max_steps=4", "trainer.valid_every=2",
-                  f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    result = _cli(
+        "-m",
+        *SMOKE,
+        "pe=nonepe,rope",
+        "trainer.max_steps=4",
+        "trainer.valid_every=2",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     runs = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/metrics.json"))
     suffix = ",trainer.max_steps=4,trainer.valid_every=2"  # job directories name their overrides

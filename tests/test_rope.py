@@ -48,9 +48,9 @@ def paper_rotate(
     return out
 
 
-def paper_order(head_dim: int, rotated: int) -> torch.Tensor:
-    """Index ``p`` with ``x_paper = x_ours[..., p]``: our pair ``(i, i + r/2)`` is the paper's
-    adjacent pair ``(2i, 2i + 1)``; unrotated dims keep their place."""
+def llama_order(head_dim: int, rotated: int) -> torch.Tensor:
+    """Index ``p`` with ``x_ours = x_llama[..., p]``: Llama's pair ``(i, i + r/2)`` ("rotate
+    half") is our adjacent pair ``(2i, 2i + 1)``; unrotated dims keep their place."""
     half = rotated // 2
     pairs = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
     return torch.cat([pairs, torch.arange(rotated, head_dim)])
@@ -68,17 +68,14 @@ def paper_order(head_dim: int, rotated: int) -> torch.Tensor:
 def test_fast_rotation_equals_the_papers_2x2_rotations_forward_and_backward(params):
     head_dim = 8
     encoding = make_rope(head_dim, **params)
-    rotated = 2 * encoding.inv_freq.shape[0]
-    order = paper_order(head_dim, rotated)
     positions = torch.tensor([0, 3, 7, 30, 101])
     q = torch.randn(2, 2, 5, head_dim, requires_grad=True)
     k = torch.randn(2, 2, 5, head_dim, requires_grad=True)
     weight_q, weight_k = torch.randn(2, 2, 5, head_dim), torch.randn(2, 2, 5, head_dim)
 
     fast_q, fast_k = rotate_qk(encoding, q, k, positions)
-    fast_q, fast_k = fast_q[..., order], fast_k[..., order]
-    ref_q = paper_rotate(q[..., order], positions, encoding.inv_freq, encoding.attention_factor)
-    ref_k = paper_rotate(k[..., order], positions, encoding.inv_freq, encoding.attention_factor)
+    ref_q = paper_rotate(q, positions, encoding.inv_freq, encoding.attention_factor)
+    ref_k = paper_rotate(k, positions, encoding.inv_freq, encoding.attention_factor)
     torch.testing.assert_close(fast_q, ref_q)
     torch.testing.assert_close(fast_k, ref_k)
 
@@ -200,14 +197,39 @@ def test_inverse_frequencies_match_transformers(scaling, fraction):
     ],
 )
 def test_rotated_q_and_k_match_transformers_llama(params, rope_parameters):
-    """Our layout is Llama's ``rotate_half``: same numbers, temperature included."""
+    """Llama's ``rotate_half`` layout is ours up to a permutation of head dims: same numbers
+    once permuted, YaRN's temperature included."""
     head_dim = 32
+    order = llama_order(head_dim, head_dim)
     positions = torch.tensor([0, 1, 5, 40, 200])
     q, k = torch.randn(2, 2, 5, head_dim), torch.randn(2, 2, 5, head_dim)
     llama = LlamaRotaryEmbedding(llama_config(head_dim, 1.0, rope_parameters))
     cos, sin = llama(q, positions[None])
-    expected = apply_rotary_pos_emb(q, k, cos, sin)
-    torch.testing.assert_close(rotate_qk(make_rope(head_dim, **params), q, k, positions), expected)
+    expected_q, expected_k = apply_rotary_pos_emb(q, k, cos, sin)
+    ours_q, ours_k = rotate_qk(
+        make_rope(head_dim, **params), q[..., order], k[..., order], positions
+    )
+    torch.testing.assert_close(ours_q, expected_q[..., order])
+    torch.testing.assert_close(ours_k, expected_k[..., order])
+
+
+def test_partial_rotation_matches_llamas_layout_up_to_the_permutation():
+    """The same check with a quarter of the dims rotated (Llama's rotation on the first r)."""
+    head_dim, rotated = 16, 4
+    order = llama_order(head_dim, rotated)
+    positions = torch.arange(20, 26)
+    q, k = torch.randn(1, 2, 6, head_dim), torch.randn(1, 2, 6, head_dim)
+    encoding = make_rope(head_dim, rotary_fraction=0.25)
+    angles = positions[:, None].float() * encoding.inv_freq
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    rotated_q, rotated_k = apply_rotary_pos_emb(
+        q[..., :rotated], k[..., :rotated], cos[None], sin[None]
+    )
+    expected_q = torch.cat([rotated_q, q[..., rotated:]], -1)
+    expected_k = torch.cat([rotated_k, k[..., rotated:]], -1)
+    ours_q, ours_k = rotate_qk(encoding, q[..., order], k[..., order], positions)
+    torch.testing.assert_close(ours_q, expected_q[..., order])
+    torch.testing.assert_close(ours_k, expected_k[..., order])
 
 
 def test_rope_rotates_self_attention_only_and_builds_its_tables_once_per_stack(monkeypatch):
@@ -217,9 +239,9 @@ def test_rope_rotates_self_attention_only_and_builds_its_tables_once_per_stack(m
     for layer in model.decoder.layers:
         assert type(layer.cross_attn.rule) is AttentionRule
     calls = []
-    original = rotary.rotation_tables
+    original = rotary.rotation_table
     monkeypatch.setattr(
-        rotary, "rotation_tables", lambda *a, **kw: calls.append(1) or original(*a, **kw)
+        rotary, "rotation_table", lambda *a, **kw: calls.append(1) or original(*a, **kw)
     )
     model(torch.randint(3, 40, (2, 7)), torch.randint(3, 40, (2, 5)))
     assert len(calls) == 2  # one per stack, shared by both layers of each

@@ -59,7 +59,10 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
     failure_path.unlink(missing_ok=True)
     try:
         summary = train(cfg, run_dir)
-        if metrics_path.exists() and json.loads(metrics_path.read_text()).get("step") == summary["steps"]:
+        if (
+            metrics_path.exists()
+            and json.loads(metrics_path.read_text()).get("step") == summary["steps"]
+        ):
             log.info("%s is already trained and evaluated; nothing to do", run_dir)
             return json.loads(metrics_path.read_text())
         if not cfg.eval.enabled:
@@ -74,7 +77,13 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
         sys.exit(1)
     _log_hparams(cfg, run_dir, metrics)
     first = next(iter(metrics["splits"].values()), {})
-    log.info("done: %s  BLEU %s  chrF %s  -> %s", cfg.pe.name, first.get("bleu"), first.get("chrf"), run_dir)
+    log.info(
+        "done: %s  BLEU %s  chrF %s  -> %s",
+        cfg.pe.name,
+        first.get("bleu"),
+        first.get("chrf"),
+        run_dir,
+    )
     return metrics
 
 

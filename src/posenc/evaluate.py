@@ -16,14 +16,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from posenc import checkpoint
+from posenc.attention_maps import example_attention, plot_attention
 from posenc.data import Corpus, TokenBatcher, collate, load_corpora
 from posenc.metrics import BertScore, bleu_chrf
 from posenc.model import Seq2Seq
+from posenc.tblog import RunLogger
 from posenc.tokenizer import Tokenizer, load_tokenizer
 from posenc.train import build_model, resolve_device
 
@@ -44,12 +47,19 @@ def translate(
 
     Sentences are batched by length under a token budget so little compute goes to padding.
     """
-    batcher = TokenBatcher([len(s) for s in sources], [0] * len(sources), batch_tokens, shuffle=False)
+    batcher = TokenBatcher(
+        [len(s) for s in sources], [0] * len(sources), batch_tokens, shuffle=False
+    )
     outputs: list[list[int]] = [[] for _ in sources]
     started = time.perf_counter()
     for indices in batcher.batches(0):
-        src, _, _ = collate([sources[i] for i in indices], [[] for _ in indices], tokenizer.pad_id,
-                            tokenizer.bos_id, tokenizer.eos_id)
+        src, _, _ = collate(
+            [sources[i] for i in indices],
+            [[] for _ in indices],
+            tokenizer.pad_id,
+            tokenizer.bos_id,
+            tokenizer.eos_id,
+        )
         rows = model.generate(src.to(device), max_len_a, max_len_b, use_cache=use_cache)
         for i, row in zip(indices, rows, strict=True):
             outputs[i] = row
@@ -69,15 +79,22 @@ def sentence_losses(
 ) -> tuple[list[float], list[int]]:
     """Summed teacher-forced NLL and target token count (EOS included) of every pair."""
     model.eval()
-    batcher = TokenBatcher([len(s) for s in sources], [len(t) for t in targets],
-                           batch_tokens, shuffle=False)
+    batcher = TokenBatcher(
+        [len(s) for s in sources], [len(t) for t in targets], batch_tokens, shuffle=False
+    )
     nll = [0.0] * len(sources)
     count = [0] * len(sources)
     for indices in batcher.batches(0):
-        src, tgt_in, tgt_out = (t.to(device) for t in collate(
-            [sources[i] for i in indices], [targets[i] for i in indices],
-            tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id,
-        ))
+        src, tgt_in, tgt_out = (
+            t.to(device)
+            for t in collate(
+                [sources[i] for i in indices],
+                [targets[i] for i in indices],
+                tokenizer.pad_id,
+                tokenizer.bos_id,
+                tokenizer.eos_id,
+            )
+        )
         logits = model(src, tgt_in).float()
         token_nll = F.cross_entropy(
             logits.transpose(1, 2), tgt_out, ignore_index=tokenizer.pad_id, reduction="none"
@@ -105,8 +122,15 @@ def length_buckets(
             continue
         scores = bleu_chrf([hypotheses[i] for i in idx], [references[i] for i in idx])
         loss = sum(nll[i] for i in idx) / max(sum(counts[i] for i in idx), 1)
-        buckets.append({"min": low, "max": high, "sentences": len(idx), "bleu": scores["bleu"],
-                        "loss": round(loss, 5)})
+        buckets.append(
+            {
+                "min": low,
+                "max": high,
+                "sentences": len(idx),
+                "bleu": scores["bleu"],
+                "loss": round(loss, 5),
+            }
+        )
     return buckets
 
 
@@ -122,12 +146,21 @@ def evaluate_split(
 ) -> dict[str, Any]:
     """Decode and score one split; writes its hypothesis and reference files."""
     if eval_cfg.max_sentences:
-        corpus = Corpus(corpus.name, corpus.src[: eval_cfg.max_sentences],
-                        corpus.tgt[: eval_cfg.max_sentences])
+        corpus = Corpus(
+            corpus.name, corpus.src[: eval_cfg.max_sentences], corpus.tgt[: eval_cfg.max_sentences]
+        )
     sources = tokenizer.encode_batch(corpus.src)
     targets = tokenizer.encode_batch(corpus.tgt)
-    ids, seconds = translate(model, tokenizer, sources, eval_cfg.batch_tokens, eval_cfg.max_len_a,
-                             eval_cfg.max_len_b, eval_cfg.use_cache, device)
+    ids, seconds = translate(
+        model,
+        tokenizer,
+        sources,
+        eval_cfg.batch_tokens,
+        eval_cfg.max_len_a,
+        eval_cfg.max_len_b,
+        eval_cfg.use_cache,
+        device,
+    )
     hypotheses = [tokenizer.decode(row) for row in ids]
     (run_dir / f"hypotheses.{split}.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     (run_dir / f"references.{split}.txt").write_text("\n".join(corpus.tgt) + "\n", encoding="utf-8")
@@ -142,11 +175,24 @@ def evaluate_split(
         "decode_tokens_per_s": round(generated / max(seconds, 1e-9), 1),
         "decode_sentences_per_s": round(len(ids) / max(seconds, 1e-9), 2),
         "use_cache": bool(eval_cfg.use_cache),
-        "buckets": length_buckets(list(eval_cfg.length_buckets), [len(s) + 1 for s in sources],
-                                  hypotheses, corpus.tgt, nll, counts),
+        "buckets": length_buckets(
+            list(eval_cfg.length_buckets),
+            [len(s) + 1 for s in sources],
+            hypotheses,
+            corpus.tgt,
+            nll,
+            counts,
+        ),
     }
-    log.info("%s: BLEU %.2f chrF %.2f BERTScore-F1 %s (%d sentences, %.1f s)", split,
-             result["bleu"], result["chrf"], result["bertscore_f1"], len(ids), seconds)
+    log.info(
+        "%s: BLEU %.2f chrF %.2f BERTScore-F1 %s (%d sentences, %.1f s)",
+        split,
+        result["bleu"],
+        result["chrf"],
+        result["bertscore_f1"],
+        len(ids),
+        seconds,
+    )
     return result
 
 
@@ -157,7 +203,9 @@ def load_run_model(run_dir: Path, cfg: DictConfig, which: str, device: torch.dev
     if not path.exists() and which == "best":
         path = run_dir / "checkpoints" / "last.pt"
     payload = checkpoint.load(path)
-    model = build_model(cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
+    model = build_model(
+        cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+    )
     model.load_state_dict(payload["model"])
     return tokenizer, model.to(device).eval(), payload["state"]["step"], path
 
@@ -170,8 +218,9 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     missing = [s for s in cfg.eval.splits if s not in corpora]
     if missing:
         raise ValueError(f"eval.splits names {missing}, but the data has only {sorted(corpora)}")
-    bertscore = BertScore(cfg.eval.bertscore.model, cfg.eval.bertscore.layer,
-                          cfg.eval.bertscore.batch_size)
+    bertscore = BertScore(
+        cfg.eval.bertscore.model, cfg.eval.bertscore.layer, cfg.eval.bertscore.batch_size
+    )
     metrics: dict[str, Any] = {
         "pe": cfg.pe.name,
         "checkpoint": str(path.name),
@@ -182,6 +231,9 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         metrics["splits"][split] = evaluate_split(
             model, tokenizer, corpora[split], cfg.eval, bertscore, device, run_dir, split
         )
+    _save_attention_example(
+        model, tokenizer, corpora[cfg.eval.splits[0]], cfg, run_dir, device, step
+    )
     summary_path = run_dir / "train_summary.json"
     if summary_path.exists():
         metrics["train"] = json.loads(summary_path.read_text())
@@ -189,6 +241,28 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     tmp.write_text(json.dumps(metrics, indent=2))
     tmp.replace(run_dir / "metrics.json")
     return metrics
+
+
+def _save_attention_example(
+    model,
+    tokenizer,
+    corpus: Corpus,
+    cfg: DictConfig,
+    run_dir: Path,
+    device: torch.device,
+    step: int,
+) -> None:
+    """Layer-0 attention of the first sentence pair of ``corpus`` -> npz, PNG and TensorBoard."""
+    maps = example_attention(model, tokenizer, corpus.src[0], corpus.tgt[0], device)
+    np.savez_compressed(run_dir / "attention.npz", **maps)
+    image = plot_attention(
+        maps,
+        f"{cfg.pe.name}: layer-0 attention on '{corpus.src[0][:60]}'",
+        run_dir / "attention.png",
+    )
+    logger = RunLogger(run_dir / "tb", resume_step=step, resume_seconds=1e12)
+    logger.image("attention/layer0", image, step)
+    logger.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -206,8 +280,15 @@ def main(argv: list[str] | None = None) -> None:
     cfg = OmegaConf.merge(OmegaConf.load(config_path), OmegaConf.from_dotlist(overrides))
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     metrics = evaluate(cfg, run_dir)
-    print(json.dumps({s: {k: v for k, v in m.items() if k != "buckets"}
-                      for s, m in metrics["splits"].items()}, indent=2))
+    print(
+        json.dumps(
+            {
+                s: {k: v for k, v in m.items() if k != "buckets"}
+                for s, m in metrics["splits"].items()
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

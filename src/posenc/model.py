@@ -119,6 +119,41 @@ class Seq2Seq(nn.Module):
         return self.output(hidden)
 
     @torch.no_grad()
+    def attention_maps(self, src: Tensor, tgt_in: Tensor, layer: int = 0) -> dict[str, Tensor]:
+        """Attention weights of ``layer`` for one teacher-forced pass, keyed ``encoder``
+        (self, ``(B, H, Ls, Ls)``), ``decoder`` (self, ``(B, H, Lt, Lt)``) and ``cross``
+        (``(B, H, Lt, Ls)``)."""
+        sites = {
+            "encoder": self.encoder.layers[layer].self_attn,
+            "decoder": self.decoder.layers[layer].self_attn,
+            "cross": self.decoder.layers[layer].cross_attn,
+        }
+        captured: dict[str, tuple] = {}
+
+        def grab(name: str):
+            def hook(module, args, kwargs):
+                captured[name] = (args, kwargs.get("memory"))
+
+            return hook
+
+        handles = [
+            attn.register_forward_pre_hook(grab(name), with_kwargs=True)
+            for name, attn in sites.items()
+        ]
+        was_training = self.training
+        self.eval()
+        try:
+            self(src, tgt_in)
+        finally:
+            for handle in handles:
+                handle.remove()
+            self.train(was_training)
+        return {
+            name: sites[name].attention_weights(*args, memory=memory)
+            for name, (args, memory) in captured.items()
+        }
+
+    @torch.no_grad()
     def generate(
         self,
         src: Tensor,

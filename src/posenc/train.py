@@ -150,9 +150,13 @@ def prepare(cfg: DictConfig, run_dir: Path) -> tuple[Tokenizer, EncodedData]:
     cache_dir = Path(cfg.cache_dir).expanduser()
     tokenizer = build_tokenizer(cfg.tokenizer, corpora["train"], cache_dir)
     tokenizer.save(run_dir / "tokenizer")
-    train_src, train_tgt, dropped = encode_pairs(tokenizer, corpora["train"], cfg.trainer.max_positions)
+    train_src, train_tgt, dropped = encode_pairs(
+        tokenizer, corpora["train"], cfg.trainer.max_positions
+    )
     if dropped:
-        log.info("dropped %d training pairs longer than %d tokens", dropped, cfg.trainer.max_positions)
+        log.info(
+            "dropped %d training pairs longer than %d tokens", dropped, cfg.trainer.max_positions
+        )
     if not train_src:
         raise ValueError("no training pairs left after tokenisation; raise trainer.max_positions")
     valid_src, valid_tgt, _ = encode_pairs(tokenizer, corpora["valid"])
@@ -270,7 +274,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     amp = autocast_dtype(cfg.trainer.precision, device)
     tokenizer, data = prepare(cfg, run_dir)
-    model = build_model(cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
+    model = build_model(
+        cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+    )
     model.to(device)
     t = cfg.trainer
     optimizer = make_optimizer(model, t.lr, t.betas, t.weight_decay)
@@ -282,7 +288,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     resume = _resume_path(cfg, run_dir)
     if resume is not None:
         state = _restore(resume, model, optimizer, scheduler)
-        log.info("resumed from %s at step %d (%.0f s of training)", resume, state.step, state.train_seconds)
+        log.info(
+            "resumed from %s at step %d (%.0f s of training)",
+            resume,
+            state.step,
+            state.train_seconds,
+        )
     if state.finished and not _budget_spent(state, cfg):
         state.finished = False  # the budget was raised: go on
     logger = RunLogger(run_dir / "tb", state.step, state.train_seconds)
@@ -295,7 +306,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     n_params = count_parameters(model)
     log.info(
         "model: %s parameters; pe=%s; device=%s; effective batch <= %d tokens x %d accumulation",
-        f"{n_params:,}", cfg.pe.name, device, t.max_tokens, t.accumulate,
+        f"{n_params:,}",
+        cfg.pe.name,
+        device,
+        t.max_tokens,
+        t.accumulate,
     )
     ckpt_dir = run_dir / "checkpoints"
 
@@ -322,7 +337,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     model.train()
     bar = tqdm(
-        total=t.max_steps, initial=state.step, disable=not t.progress, desc=f"{cfg.pe.name}",
+        total=t.max_steps,
+        initial=state.step,
+        disable=not t.progress,
+        desc=f"{cfg.pe.name}",
         dynamic_ncols=True,
     )
     window_tokens, window_time = 0, 0.0
@@ -332,12 +350,17 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             group = batches[state.batch_in_epoch : state.batch_in_epoch + t.accumulate]
             state.batch_in_epoch += len(group)
             started = time.perf_counter()
-            micro = [_to_device(_collate(ix, data.train_src, data.train_tgt, tokenizer), device) for ix in group]
+            micro = [
+                _to_device(_collate(ix, data.train_src, data.train_tgt, tokenizer), device)
+                for ix in group
+            ]
             n_tokens = sum(int(b[2].ne(tokenizer.pad_id).sum()) for b in micro)
             optimizer.zero_grad(set_to_none=True)
             loss_sum = 0.0
             for batch in micro:
-                with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                with torch.autocast(
+                    device.type, dtype=amp or torch.float32, enabled=amp is not None
+                ):
                     loss, _, _ = token_loss(model, batch, tokenizer.pad_id, t.label_smoothing)
                 (loss / n_tokens).backward()
                 loss_sum += float(loss.detach())

@@ -59,14 +59,14 @@ class CoPEContext:
     Encoder (keys in natural order):
         visible: None (padding comes from the call).
         before: ``(Lq, Lk)`` bool, True where key ``j`` is at or before query ``i``.
-        from_query: ``(Lq, Lk)`` bool, True where key ``j`` is at or after query ``i``.
+        own: ``(Lq, 1)`` long, the index of each query's own key.
         table_offset: ``(Lq, Lk)`` long, 0 for keys at or before the query and ``npos`` for keys
             after it: the row offset into the stacked ``[e_before; e_after]`` table.
     """
 
     visible: Tensor | None = None
     before: Tensor | None = None
-    from_query: Tensor | None = None
+    own: Tensor | None = None
     table_offset: Tensor | None = None
 
 
@@ -108,10 +108,13 @@ class CoPERule(AttentionRule):
     def _positions(self, gates: Tensor, call: AttentionCall) -> Tensor:
         """Clamped positions from masked gates ``(B, H, Lq, Lk)`` (internal key order)."""
         if self.bidirectional:
+            # |C_ij - C_ii| sums the gates strictly between the query and the key (one side
+            # of the query or the other); the nearer end, g_ij or g_ii, is added back.
             ctx: CoPEContext = call.context
-            left = gates.masked_fill(~ctx.before, 0.0).flip(-1).cumsum(-1).flip(-1)
-            right = gates.masked_fill(~ctx.from_query, 0.0).cumsum(-1)
-            positions = torch.where(ctx.before, left, right)
+            own = ctx.own.expand(*gates.shape[:-1], 1)
+            counts = gates.cumsum(-1)
+            nearer_end = torch.where(ctx.before, gates, gates.gather(-1, own))
+            positions = (counts - counts.gather(-1, own)).abs() + nearer_end
         else:
             positions = gates.cumsum(-1)
         return positions.clamp(max=self.npos - 1)
@@ -123,7 +126,7 @@ class CoPERule(AttentionRule):
         content = q @ k.transpose(-1, -2)
         gates = torch.sigmoid(content)
         if mask is not None:
-            gates = gates.masked_fill(~mask, 0.0)
+            gates = torch.where(mask, gates, 0.0)
         return content, gates
 
     def positions(self, q: Tensor, k: Tensor, call: AttentionCall) -> Tensor:
@@ -143,7 +146,7 @@ class CoPERule(AttentionRule):
             content, gates = self._gates_and_content(q, self._keys(k.float()), mask)
             positions = self._positions(gates, call)
             index = positions.long()  # floor, positions are >= 0
-            frac = positions - index
+            frac = positions.frac()
             table = self.pos_emb.float()
             if self.bidirectional:
                 index = index + call.context.table_offset
@@ -156,7 +159,7 @@ class CoPERule(AttentionRule):
             rise = (q @ slope.t()).gather(-1, index)  # q_i . (e[floor p + 1] - e[floor p])
             logits = torch.addcmul(content + at_floor, frac, rise)
             if mask is not None:
-                logits = logits.masked_fill(~mask, float("-inf"))
+                logits = torch.where(mask, logits, float("-inf"))
             return torch.softmax(logits, dim=-1)
 
     def weights(
@@ -203,7 +206,7 @@ class CoPEEncoding(StackEncoding):
         before = k_pos[None, :] <= q_pos[:, None]
         return CoPEContext(
             before=before,
-            from_query=k_pos[None, :] >= q_pos[:, None],
+            own=(q_pos - k_pos[0])[:, None],
             table_offset=(~before).long() * self.npos,
         )
 
