@@ -180,3 +180,18 @@ def test_a_multirun_of_two_encodings_produces_two_scored_runs(tmp_path):
     runs = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/metrics.json"))
     suffix = ",trainer.max_steps=4,trainer.valid_every=2"  # job directories name their overrides
     assert runs == ["pe=nonepe" + suffix, "pe=rope" + suffix]
+
+
+def test_test_time_encoding_variants_are_scored_with_the_trained_weights(tmp_path):
+    cfg = compose(
+        *SMOKE,
+        "pe=rope",
+        "trainer.max_steps=4",
+        "trainer.valid_every=2",
+        "+eval.pe_variants={pi2: {scaling: linear, factor: 2.0}}",
+    )
+    metrics = run(cfg, tmp_path)
+    variant = metrics["variants"]["pi2"]
+    assert variant["pe"] == {"scaling": "linear", "factor": 2.0}
+    assert variant["splits"]["test"]["sentences"] == metrics["splits"]["test"]["sentences"]
+    assert (tmp_path / "hypotheses.test.pi2.txt").exists()

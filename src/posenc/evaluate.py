@@ -210,6 +210,19 @@ def load_run_model(run_dir: Path, cfg: DictConfig, which: str, device: torch.dev
     return tokenizer, model.to(device).eval(), payload["state"]["step"], path
 
 
+def variant_model(
+    cfg: DictConfig, overrides: Any, model: Seq2Seq, tokenizer: Tokenizer, device: torch.device
+) -> Seq2Seq:
+    """The trained ``model`` rebuilt with ``pe`` settings changed at test time (e.g. a RoPE
+    scaling: ``{scaling: yarn, factor: 4}``); its weights are the trained ones."""
+    variant_cfg = OmegaConf.merge(cfg, {"pe": OmegaConf.to_container(overrides)})
+    variant = build_model(
+        variant_cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+    )
+    variant.load_state_dict(model.state_dict())
+    return variant.to(device).eval()
+
+
 def evaluate(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Evaluate the run in ``run_dir`` on ``cfg.eval.splits``; writes and returns ``metrics.json``."""
     device = resolve_device(cfg.device)
@@ -231,6 +244,27 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         metrics["splits"][split] = evaluate_split(
             model, tokenizer, corpora[split], cfg.eval, bertscore, device, run_dir, split
         )
+    variants = cfg.eval.get("pe_variants") or {}
+    if variants:
+        metrics["variants"] = {}
+    for name, overrides in variants.items():
+        variant = variant_model(cfg, overrides, model, tokenizer, device)
+        metrics["variants"][name] = {
+            "pe": dict(overrides),
+            "splits": {
+                split: evaluate_split(
+                    variant,
+                    tokenizer,
+                    corpora[split],
+                    cfg.eval,
+                    bertscore,
+                    device,
+                    run_dir,
+                    f"{split}.{name}",
+                )
+                for split in cfg.eval.splits
+            },
+        }
     _save_attention_example(
         model, tokenizer, corpora[cfg.eval.splits[0]], cfg, run_dir, device, step
     )

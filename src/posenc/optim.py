@@ -26,7 +26,9 @@ def make_optimizer(model: nn.Module, lr: float, betas, weight_decay: float) -> t
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas))
 
 
-def lr_factor(schedule: str, warmup: int, total: int, min_ratio: float = 0.0) -> Callable[[int], float]:
+def lr_factor(
+    schedule: str, warmup: int, total: int, min_ratio: float = 0.0
+) -> Callable[[int], float]:
     """Multiplier of the peak learning rate at optimizer step ``step`` (0-based).
 
     * ``inverse_sqrt`` (fairseq): linear warmup to 1 over ``warmup`` steps, then ``sqrt(warmup/step)``;

@@ -132,15 +132,23 @@ class EncodedData:
 
 
 def encode_pairs(
-    tokenizer: Tokenizer, corpus: Corpus, max_positions: int | None = None
+    tokenizer: Tokenizer,
+    corpus: Corpus,
+    max_positions: int | None = None,
+    max_source_tokens: int | None = None,
 ) -> tuple[list[list[int]], list[list[int]], int]:
-    """Ids of both sides; pairs with a side longer than ``max_positions`` tokens (EOS included)
-    are dropped when a limit is given. Returns ``(src_ids, tgt_ids, dropped)``."""
+    """Ids of both sides. When limits are given, pairs with a side longer than
+    ``max_positions`` tokens (EOS included) or a source longer than ``max_source_tokens``
+    tokens (EOS excluded) are dropped. Returns ``(src_ids, tgt_ids, dropped)``."""
     src = tokenizer.encode_batch(corpus.src)
     tgt = tokenizer.encode_batch(corpus.tgt)
-    if max_positions is None:
-        return src, tgt, 0
-    keep = [i for i in range(len(src)) if max(len(src[i]), len(tgt[i])) + 1 <= max_positions]
+    longest = max_positions or float("inf")
+    longest_source = max_source_tokens or float("inf")
+    keep = [
+        i
+        for i in range(len(src))
+        if max(len(src[i]), len(tgt[i])) + 1 <= longest and len(src[i]) <= longest_source
+    ]
     return [src[i] for i in keep], [tgt[i] for i in keep], len(src) - len(keep)
 
 

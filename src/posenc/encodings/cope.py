@@ -13,10 +13,11 @@ A query decides which keys count as a step of position. For query ``i`` and key 
 as in the reference: the gate logits are the attention logits divided by ``sqrt(D)``, the
 position logits are added before that division, and the scalar ``q_i . e[p]`` is interpolated
 (the paper's optimised form, equal to interpolating ``e`` because ``q . e`` is linear in ``e``).
-It is computed as ``z_i[floor p] + frac(p) (z_i[floor p + 1] - z_i[floor p])``, one gather from
-the table and one from its slopes. Each layer owns one table ``e (npos, D)`` shared by its
-heads, initialised to zero as in the reference. Logits and positions are float32 whatever the
-autocast dtype.
+It is computed as ``z_i[floor p] + frac(p) (z_i[floor p + 1] - z_i[floor p])``: one gather from
+the table of ``q . e`` and one from the table of ``q . (e[p+1] - e[p])``. Each layer owns one
+table ``e (npos, D)`` shared by its heads, initialised to zero as in the reference. Logits,
+gates and positions are float32 whatever the autocast dtype. A single additive ``0 / -inf``
+mask on the content logits masks both the gates (``sigmoid(-inf) = 0``) and the softmax.
 
 Where it applies: encoder and decoder self-attention; cross-attention is plain softmax
 (source and target positions do not lie on one axis).
@@ -27,13 +28,15 @@ query read a second table ``e_after (npos, D)``. For keys ``j <= i`` this is exa
 decoder's formula; the second table keeps the direction known, which counting alone cannot (a
 key one gate-step to the left and one to the right would otherwise look the same). The
 reference applies its causal formula with a padding-only mask in the encoder, which counts from
-each key to the end of the sequence and so measures positions from the sequence end rather than
-from the query (and would let padding length matter if gates were not masked).
+each key to the end of the sequence, i.e. measures positions from the sequence end rather than
+from the query. The encoder's counts come from one cumulative sum ``C`` over keys,
+``p_ij = |C_ij - C_ii| + g_i,nearer end``; the subtraction costs about ``1e-7 * C`` of absolute
+precision, harmless for an interpolated position.
 
 Incremental decoding needs no extra state: the newest query recomputes its gates over the cached
 keys; earlier rows never change because a query's gates depend only on its own row. The decoder
-works on keys in reversed order internally, so the count from the query back to each key is a
-plain cumulative sum.
+works on keys in reversed order internally, so the count from the query back to each key is an
+exact plain cumulative sum.
 """
 
 from __future__ import annotations
@@ -52,19 +55,19 @@ from posenc.encodings.base import AttentionCall, AttentionRule, Site, StackEncod
 class CoPEContext:
     """Position-only tensors shared by every layer of a stack.
 
-    Decoder (keys in reversed order, column ``r`` is key ``Lk - 1 - r``):
-        visible: ``(Lq, Lk)`` bool, True where the (reversed) key is not in the query's future;
-            None when every key is visible (a single newest query).
-
-    Encoder (keys in natural order):
-        visible: None (padding comes from the call).
-        before: ``(Lq, Lk)`` bool, True where key ``j`` is at or before query ``i``.
-        own: ``(Lq, 1)`` long, the index of each query's own key.
-        table_offset: ``(Lq, Lk)`` long, 0 for keys at or before the query and ``npos`` for keys
-            after it: the row offset into the stacked ``[e_before; e_after]`` table.
+    Attributes:
+        bias: decoder only: ``(Lq, Lk)`` float, ``-inf`` at future keys and 0 elsewhere, keys
+            in reversed order (column ``r`` is key ``Lk - 1 - r``); None when every key is
+            visible (a single newest query).
+        before: encoder only: ``(Lq, Lk)`` bool, True where key ``j`` is at or before query
+            ``i``.
+        own: encoder only: ``(Lq, 1)`` long, the index of each query's own key.
+        table_offset: encoder only: ``(Lq, Lk)`` long, 0 for keys at or before the query and
+            ``npos`` for keys after it: the row offset into the stacked
+            ``[e_before; e_after]`` table.
     """
 
-    visible: Tensor | None = None
+    bias: Tensor | None = None
     before: Tensor | None = None
     own: Tensor | None = None
     table_offset: Tensor | None = None
@@ -91,25 +94,25 @@ class CoPERule(AttentionRule):
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.pos_emb)
 
-    def _keys(self, k: Tensor) -> Tensor:
-        """Keys (or values) ``(B, H, Lk, D)`` in the rule's internal order."""
-        return k if self.bidirectional else k.flip(2)
+    def _inner(self, x: Tensor) -> Tensor:
+        """Keys or values ``(B, H, Lk, D)`` in the rule's internal order (reversed in the
+        decoder)."""
+        return x if self.bidirectional else x.flip(-2)
 
-    def _mask(self, call: AttentionCall) -> Tensor | None:
-        """Bool ``(B|1, 1|H, Lq, Lk)`` of allowed keys in internal order, or None if all are."""
-        if self.bidirectional:
-            return call.allowed()
-        mask = call.context.visible
+    def _content(self, q: Tensor, k: Tensor, call: AttentionCall) -> Tensor:
+        """Masked content logits ``(B, H, Lq, Lk)`` float32 from the scaled float32 query
+        ``q / sqrt(D)``, keys in internal order."""
+        content = q @ self._inner(k.float()).transpose(-1, -2)
+        bias = call.context.bias
         if call.key_padding_mask is not None:
-            keep = ~call.key_padding_mask.flip(-1)[:, None, None, :]
-            mask = keep if mask is None else mask & keep
-        return mask
+            padding = self._inner(call.key_padding_mask)[:, None, None, :]
+            pad_bias = torch.zeros(padding.shape, device=q.device).masked_fill(padding, -math.inf)
+            bias = pad_bias if bias is None else bias + pad_bias
+        return content if bias is None else content + bias
 
     def _positions(self, gates: Tensor, call: AttentionCall) -> Tensor:
-        """Clamped positions from masked gates ``(B, H, Lq, Lk)`` (internal key order)."""
+        """Clamped positions ``(B, H, Lq, Lk)`` from masked gates (internal key order)."""
         if self.bidirectional:
-            # |C_ij - C_ii| sums the gates strictly between the query and the key (one side
-            # of the query or the other); the nearer end, g_ij or g_ii, is added back.
             ctx: CoPEContext = call.context
             own = ctx.own.expand(*gates.shape[:-1], 1)
             counts = gates.cumsum(-1)
@@ -119,61 +122,41 @@ class CoPERule(AttentionRule):
             positions = gates.cumsum(-1)
         return positions.clamp(max=self.npos - 1)
 
-    def _gates_and_content(
-        self, q: Tensor, k: Tensor, mask: Tensor | None
-    ) -> tuple[Tensor, Tensor]:
-        """Scaled content logits and masked gates, both ``(B, H, Lq, Lk)`` float32."""
-        content = q @ k.transpose(-1, -2)
-        gates = torch.sigmoid(content)
-        if mask is not None:
-            gates = torch.where(mask, gates, 0.0)
-        return content, gates
-
     def positions(self, q: Tensor, k: Tensor, call: AttentionCall) -> Tensor:
         """Clamped contextual positions ``p (B, H, Lq, Lk)``, float32, keys in natural order
         (0 at masked keys)."""
         with torch.autocast(q.device.type, enabled=False):
             q = q.float() / math.sqrt(q.shape[-1])
-            _, gates = self._gates_and_content(q, self._keys(k.float()), self._mask(call))
-            positions = self._positions(gates, call)
-        return positions if self.bidirectional else positions.flip(-1)
+            positions = self._positions(torch.sigmoid(self._content(q, k, call)), call)
+        return self._inner(positions)
 
     def _attention(self, q: Tensor, k: Tensor, call: AttentionCall) -> Tensor:
         """Attention probabilities ``(B, H, Lq, Lk)`` float32, keys in internal order."""
         with torch.autocast(q.device.type, enabled=False):
             q = q.float() / math.sqrt(q.shape[-1])
-            mask = self._mask(call)
-            content, gates = self._gates_and_content(q, self._keys(k.float()), mask)
-            positions = self._positions(gates, call)
-            index = positions.long()  # floor, positions are >= 0
+            content = self._content(q, k, call)
+            positions = self._positions(torch.sigmoid(content), call)
+            index = positions.long()  # floor: positions are >= 0
             frac = positions.frac()
-            table = self.pos_emb.float()
+            table = self.pos_emb.float().view(-1, self.npos, q.shape[-1])  # (sides, npos, D)
+            slope = torch.cat([table.diff(dim=1), torch.zeros_like(table[:, :1])], dim=1)
             if self.bidirectional:
                 index = index + call.context.table_offset
-                after = table.view(2, self.npos, -1)
-                slope = torch.cat([after.diff(dim=1), after.new_zeros(2, 1, after.shape[-1])], 1)
-                slope = slope.view_as(table)
-            else:
-                slope = torch.cat([table.diff(dim=0), table.new_zeros(1, table.shape[-1])])
-            at_floor = (q @ table.t()).gather(-1, index)  # q_i . e[floor p_ij]
-            rise = (q @ slope.t()).gather(-1, index)  # q_i . (e[floor p + 1] - e[floor p])
-            logits = torch.addcmul(content + at_floor, frac, rise)
-            if mask is not None:
-                logits = torch.where(mask, logits, float("-inf"))
-            return torch.softmax(logits, dim=-1)
+            at_floor = (q @ table.flatten(0, 1).t()).gather(-1, index)  # q . e[floor p]
+            rise = (q @ slope.flatten(0, 1).t()).gather(-1, index)  # q . (e[p+1] - e[p])
+            return torch.softmax(torch.addcmul(content + at_floor, frac, rise), dim=-1)
 
     def weights(
         self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
-        attn = self._attention(q, k, call)
-        return (attn if self.bidirectional else attn.flip(-1)).to(q.dtype)
+        return self._inner(self._attention(q, k, call)).to(q.dtype)
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         attn = self._attention(q, k, call)
         attn = F.dropout(attn, p=call.dropout_p, training=call.dropout_p > 0)
-        return attn.to(v.dtype) @ self._keys(v)
+        return attn.to(v.dtype) @ self._inner(v)
 
 
 class CoPEEncoding(StackEncoding):
@@ -201,8 +184,11 @@ class CoPEEncoding(StackEncoding):
 
     def context(self, q_pos: Tensor, k_pos: Tensor) -> CoPEContext:
         if self.causal:
-            visible = k_pos.flip(0)[None, :] <= q_pos[:, None]
-            return CoPEContext(visible=None if bool(visible.all()) else visible)
+            future = k_pos.flip(0)[None, :] > q_pos[:, None]
+            if not bool(future.any()):
+                return CoPEContext()
+            zeros = torch.zeros(future.shape, device=q_pos.device)
+            return CoPEContext(bias=zeros.masked_fill(future, -math.inf))
         before = k_pos[None, :] <= q_pos[:, None]
         return CoPEContext(
             before=before,

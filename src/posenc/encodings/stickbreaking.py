@@ -42,7 +42,6 @@ from torch import Tensor
 
 from posenc.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
 
-
 LOG_FLOOR = -80.0
 """Weights below ``exp(LOG_FLOOR)`` (about 2e-35 of the stick) are set to exactly 0: on CPU,
 ``exp`` of very negative inputs and matmuls with subnormal floats take slow paths (10-100x)."""
@@ -53,16 +52,16 @@ class StickContext:
     """Position-only tensors shared by every layer of a stack.
 
     Attributes:
-        breakable: ``(Lq, Lk)`` bool, True where key ``j`` takes part in query ``i``'s stick.
-            In the decoder the keys are in reversed order (column ``r`` is key ``Lk - 1 - r``),
-            so the stick is broken left to right.
+        bias: ``(Lq, Lk)`` float, 0 where key ``j`` takes part in query ``i``'s stick and
+            ``-inf`` elsewhere. In the decoder the keys are in reversed order (column ``r`` is
+            key ``Lk - 1 - r``), so the stick is broken left to right.
         own: ``(Lq,)`` long, the index of each query's own key (where the remainder goes).
         order: ``(Lq, Lk)`` long, for each query the keys in breaking order (encoder only).
         rank: ``(Lq, Lk)`` long, the inverse of ``order``: where key ``j`` comes in that order
             (encoder only).
     """
 
-    breakable: Tensor
+    bias: Tensor
     own: Tensor
     order: Tensor | None = None
     rank: Tensor | None = None
@@ -84,20 +83,20 @@ class StickBreakingRule(AttentionRule):
         with torch.autocast(q.device.type, enabled=False):
             q = q.float() / math.sqrt(q.shape[-1])
             k = k.float().flip(2) if ctx.reversed else k.float()
-            z = q @ k.transpose(-1, -2)
-            valid = ctx.breakable
+            bias = ctx.bias
             if call.key_padding_mask is not None:
                 padding = call.key_padding_mask
                 padding = padding.flip(-1) if ctx.reversed else padding
-                valid = valid & ~padding[:, None, None, :]
-            spent = torch.where(valid, F.softplus(z), 0.0)  # -log(1 - beta), 0 off the stick
+                bias = bias.masked_fill(padding[:, None, None, :], -math.inf)
+            z = q @ k.transpose(-1, -2) + bias  # -inf off the stick
+            spent = F.softplus(z)  # -log(1 - beta), 0 off the stick
             if ctx.reversed:
                 used = spent.cumsum(-1)  # the stick runs from key i-1 back to key 0
             else:
                 used = spent.gather(-1, ctx.order.expand_as(spent)).cumsum(-1)
                 used = used.gather(-1, ctx.rank.expand_as(spent))
-            log_attn = (z - used).clamp(min=LOG_FLOOR)
-            attn = torch.where(valid & (log_attn > LOG_FLOOR), log_attn.exp(), 0.0)
+            log_attn = z - used
+            attn = torch.where(log_attn > LOG_FLOOR, log_attn.clamp(min=LOG_FLOOR).exp(), 0.0)
             remainder = torch.exp(-spent.sum(-1, keepdim=True))
         return attn, remainder
 
@@ -121,6 +120,11 @@ class StickBreakingRule(AttentionRule):
         own_value = v[:, :, call.context.own]
         v = v.flip(2) if call.context.reversed else v
         return attn.to(v.dtype) @ v + remainder.to(v.dtype) * own_value
+
+
+def _bias(allowed: Tensor) -> Tensor:
+    """Additive float mask: 0 where ``allowed``, ``-inf`` elsewhere."""
+    return torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, -math.inf)
 
 
 class StickBreakingEncoding(StackEncoding):
@@ -150,13 +154,13 @@ class StickBreakingEncoding(StackEncoding):
         if self.causal:
             offset = k_pos.flip(0)[None, :] - q_pos[:, None]  # (Lq, Lk), reversed keys
             breakable = offset <= 0 if self.attend_current else offset < 0
-            return StickContext(breakable=breakable, own=own)
+            return StickContext(bias=_bias(breakable), own=own)
         offset = k_pos[None, :] - q_pos[:, None]  # (Lq, Lk), j - i
         breakable = (offset != 0) | self.attend_current
         # i-1, i+1, i-2, i+2, ...: left keys at odd steps, right keys at even steps
         step = torch.where(offset < 0, -2 * offset - 1, 2 * offset)
         order = step.argsort(dim=-1)
-        return StickContext(breakable=breakable, own=own, order=order, rank=order.argsort(dim=-1))
+        return StickContext(bias=_bias(breakable), own=own, order=order, rank=order.argsort(dim=-1))
 
     def self_rule(self, layer: int) -> AttentionRule:
         return StickBreakingRule()
