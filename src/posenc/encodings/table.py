@@ -26,3 +26,13 @@ def encodings_table(pe_dir: Path) -> str:
         ]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
+
+
+START, END = "<!-- pe-table -->", "<!-- /pe-table -->"
+
+
+def with_table(readme: str, table: str) -> str:
+    """``readme`` with the text between the pe-table markers replaced by ``table``."""
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table}\n{END}{tail}"
