@@ -56,17 +56,26 @@ def llama_order(head_dim: int, rotated: int) -> torch.Tensor:
     return torch.cat([pairs, torch.arange(rotated, head_dim)])
 
 
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_default_frequencies_are_the_papers(fraction):
+    rotated = int(16 * fraction)
+    expected = [10000.0 ** (-2 * i / rotated) for i in range(rotated // 2)]
+    torch.testing.assert_close(
+        make_rope(16, rotary_fraction=fraction).inv_freq, torch.tensor(expected)
+    )
+
+
 @pytest.mark.parametrize(
-    "params",
+    ("head_dim", "params"),
     [
-        {},
-        {"rotary_fraction": 0.5},
-        {"scaling": "yarn", "factor": 4.0, "original_max_len": 16},
-        {"scaling": "linear", "factor": 2.0, "rotary_fraction": 0.75},
+        (8, {}),
+        (8, {"rotary_fraction": 0.5}),
+        (9, {"rotary_fraction": 0.5}),  # odd head dim: 4 rotated, 5 passed through
+        (8, {"scaling": "yarn", "factor": 4.0, "original_max_len": 16}),
+        (8, {"scaling": "linear", "factor": 2.0, "rotary_fraction": 0.75}),
     ],
 )
-def test_fast_rotation_equals_the_papers_2x2_rotations_forward_and_backward(params):
-    head_dim = 8
+def test_fast_rotation_equals_the_papers_2x2_rotations_forward_and_backward(head_dim, params):
     encoding = make_rope(head_dim, **params)
     positions = torch.tensor([0, 3, 7, 30, 101])
     q = torch.randn(2, 2, 5, head_dim, requires_grad=True)
@@ -110,6 +119,15 @@ def test_rotation_preserves_norms_and_yarn_scales_them_by_its_temperature():
     temperature = 0.1 * math.log(4.0) + 1.0
     rq, _ = rotate_qk(yarn, q, k, positions)
     torch.testing.assert_close(rq.norm(dim=-1), temperature * q.norm(dim=-1))
+
+
+def test_bfloat16_inputs_are_rotated_in_float32_and_returned_in_bfloat16():
+    q = torch.randn(2, 2, 9, 8).bfloat16()
+    positions = torch.arange(500, 509)
+    rq, rk = rotate_qk(make_rope(), q, q, positions)
+    assert rq.dtype is torch.bfloat16 and rk.dtype is torch.bfloat16
+    reference, _ = rotate_qk(make_rope(), q.float(), q.float(), positions)
+    torch.testing.assert_close(rq, reference.bfloat16())
 
 
 def test_partial_rotation_leaves_the_tail_dims_unchanged():

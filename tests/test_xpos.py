@@ -140,6 +140,11 @@ def test_xpos_rotates_self_attention_only():
         assert type(layer.cross_attn.rule) is AttentionRule
 
 
+def test_an_odd_head_dim_fails_at_construction():
+    with pytest.raises(ValueError, match="head dim"):
+        XPosEncoding(Site.DECODER, 18, 2, 1)
+
+
 def test_the_yaml_holds_the_papers_defaults():
     cfg = pe_config("xpos")
     assert cfg["gamma"] == 0.4 and cfg["scale_base"] == 512.0 and cfg["base"] == 10000.0

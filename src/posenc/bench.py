@@ -367,8 +367,9 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Speed of the positional encodings",
         "",
-        f"Model `{settings['model']}` ({n_params} parameters with nonepe), vocabulary {settings['vocab_size']}, {settings['tokens']} tokens per side per "
-        f"training batch, decoding {settings['decode_batch']} sources of L tokens into L tokens. "
+        f"Model `{settings['model']}` ({n_params} parameters with nonepe), vocabulary "
+        f"{settings['vocab_size']}, {settings['tokens']} tokens per side per training batch, "
+        f"decoding {settings['decode_batch']} sources of L tokens into L tokens. "
         f"Medians of {settings['repeats']} interleaved repetitions after {settings['warmup']} "
         f"warm-up; torch {machine['torch']}, {machine['torch_threads']} threads, "
         f"{machine['cpus_available']} CPUs; load average at start {machine['load_average']}.",

@@ -94,18 +94,18 @@ class CoPERule(AttentionRule):
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.pos_emb)
 
-    def _inner(self, x: Tensor) -> Tensor:
-        """Keys or values ``(B, H, Lk, D)`` in the rule's internal order (reversed in the
-        decoder)."""
-        return x if self.bidirectional else x.flip(-2)
+    def _inner(self, x: Tensor, key_dim: int) -> Tensor:
+        """``x`` with its key dimension in the rule's internal order (reversed in the
+        decoder); the map is its own inverse."""
+        return x if self.bidirectional else x.flip(key_dim)
 
     def _content(self, q: Tensor, k: Tensor, call: AttentionCall) -> Tensor:
         """Masked content logits ``(B, H, Lq, Lk)`` float32 from the scaled float32 query
         ``q / sqrt(D)``, keys in internal order."""
-        content = q @ self._inner(k.float()).transpose(-1, -2)
+        content = q @ self._inner(k.float(), -2).transpose(-1, -2)
         bias = call.context.bias
         if call.key_padding_mask is not None:
-            padding = self._inner(call.key_padding_mask)[:, None, None, :]
+            padding = self._inner(call.key_padding_mask, -1)[:, None, None, :]
             pad_bias = torch.zeros(padding.shape, device=q.device).masked_fill(padding, -math.inf)
             bias = pad_bias if bias is None else bias + pad_bias
         return content if bias is None else content + bias
@@ -128,7 +128,7 @@ class CoPERule(AttentionRule):
         with torch.autocast(q.device.type, enabled=False):
             q = q.float() / math.sqrt(q.shape[-1])
             positions = self._positions(torch.sigmoid(self._content(q, k, call)), call)
-        return self._inner(positions)
+        return self._inner(positions, -1)
 
     def _attention(self, q: Tensor, k: Tensor, call: AttentionCall) -> Tensor:
         """Attention probabilities ``(B, H, Lq, Lk)`` float32, keys in internal order."""
@@ -149,14 +149,14 @@ class CoPERule(AttentionRule):
     def weights(
         self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
-        return self._inner(self._attention(q, k, call)).to(q.dtype)
+        return self._inner(self._attention(q, k, call), -1).to(q.dtype)
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         attn = self._attention(q, k, call)
         attn = F.dropout(attn, p=call.dropout_p, training=call.dropout_p > 0)
-        return attn.to(v.dtype) @ self._inner(v)
+        return attn.to(v.dtype) @ self._inner(v, -2)
 
 
 class CoPEEncoding(StackEncoding):

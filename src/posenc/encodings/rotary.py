@@ -51,14 +51,14 @@ YARN_BETA_FAST = 32.0
 YARN_BETA_SLOW = 1.0
 
 
-def rotary_dim(head_dim: int, rotary_fraction: float, name: str) -> int:
+def rotary_dim(head_dim: int, rotary_fraction: float) -> int:
     """The number ``r`` of rotated dims per head; ValueError unless it is even and positive."""
     if not 0.0 < rotary_fraction <= 1.0:
-        raise ValueError(f"{name}: rotary_fraction={rotary_fraction} must lie in (0, 1]")
+        raise ValueError(f"rope: rotary_fraction={rotary_fraction} must lie in (0, 1]")
     r = int(head_dim * rotary_fraction)
     if r == 0 or r % 2:
         raise ValueError(
-            f"{name}: rotary_fraction={rotary_fraction} of head dim {head_dim} rotates {r} dims; "
+            f"rope: rotary_fraction={rotary_fraction} of head dim {head_dim} rotates {r} dims; "
             "rotation needs an even, positive number of dims (pairs)"
         )
     return r
@@ -202,14 +202,13 @@ class RotaryEncoding(_RotaryStack):
         super().__init__(site, d_model, n_heads, n_layers)
         if scaling not in SCALINGS:
             raise ValueError(f"rope: scaling={scaling!r} is unknown; use one of {SCALINGS}")
-        dim = rotary_dim(d_model // n_heads, rotary_fraction, "rope")
+        dim = rotary_dim(d_model // n_heads, rotary_fraction)
         if scaling != "none" and factor < 1.0:
             raise ValueError(f"rope: scaling={scaling} needs factor >= 1, got factor={factor}")
         if scaling == "ntk" and dim <= 2:
             raise ValueError("rope: scaling=ntk needs more than 2 rotated dims per head")
         if scaling == "yarn" and original_max_len <= 0:
             raise ValueError(f"rope: scaling=yarn needs original_max_len > 0 ({original_max_len})")
-        self.scaling = scaling
         inv_freq, self.attention_factor = rope_inverse_frequencies(
             dim, base, scaling, factor, original_max_len
         )
@@ -266,7 +265,9 @@ class XPosEncoding(_RotaryStack):
         super().__init__(site, d_model, n_heads, n_layers)
         if gamma <= 0 or scale_base <= 0:
             raise ValueError(f"xpos: gamma={gamma} and scale_base={scale_base} must be > 0")
-        dim = rotary_dim(d_model // n_heads, 1.0, "xpos")
+        dim = d_model // n_heads
+        if dim % 2:
+            raise ValueError(f"xpos: the head dim d_model/n_heads = {dim} must be even (pairs)")
         self.scale_base = scale_base
         inv_freq, _ = rope_inverse_frequencies(dim, base)
         zeta = (torch.arange(dim // 2, dtype=torch.float32) / (dim // 2) + gamma) / (1 + gamma)

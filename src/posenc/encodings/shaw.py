@@ -91,11 +91,10 @@ class ShawRule(AttentionRule):
         weights = self.weights(q, k, key_state, call)
         if call.dropout_p > 0:
             weights = F.dropout(weights, p=call.dropout_p)
-        mass = torch.zeros(
-            *weights.shape[:-1], self.value_table.shape[0], dtype=weights.dtype, device=q.device
-        )
-        mass = mass.scatter_add(-1, index.expand_as(weights), weights)  # (B, H, Lq, R)
-        return weights @ v + mass @ self.value_table.to(weights.dtype)
+        # Bucket masses (B, H, Lq, R), summed in float32 (a far bucket collects up to Lk weights).
+        mass = torch.zeros(*weights.shape[:-1], self.value_table.shape[0], device=q.device)
+        mass = mass.scatter_add(-1, index.expand_as(weights), weights.float())
+        return weights @ v + (mass @ self.value_table).to(weights.dtype)
 
 
 class ShawEncoding(StackEncoding):

@@ -1,0 +1,232 @@
+"""The sweep report, specified on a real smoke sweep: two encodings (nonepe with seeds 0 and 1,
+rope with seed 0) trained and scored by ``posenc.cli.run``, a run that failed, and an unfinished
+one (its config and the first points of its curve only)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sacrebleu
+from omegaconf import OmegaConf
+
+from conftest import SMOKE, compose
+from posenc.cli import run
+from posenc.metrics import bleu_chrf
+from posenc.report import (
+    SECTIONS,
+    aggregate_curves,
+    bucket_position,
+    build_report,
+    main,
+    mean_std,
+)
+from posenc.tblog import RunLogger
+
+SHORT = (
+    *SMOKE,
+    "eval.max_sentences=4",
+    "trainer.max_steps=4",
+    "trainer.valid_every=2",
+    "+data.extra_tests.long={min_len: 13, max_len: 24, size: 8}",
+    "eval.splits=[test,long]",
+)
+DONE = {"pe=nonepe": ("nonepe", 0), "pe=nonepe,seed=1": ("nonepe", 1), "pe=rope": ("rope", 0)}
+FAILED, UNFINISHED = "model.n_heads=3,pe=alibi", "pe=rope,seed=2"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    """A sweep directory laid out as a Hydra multirun, with done, failed and unfinished runs."""
+    root = tmp_path_factory.mktemp("sweep")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POSENC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        for name, (pe, seed) in DONE.items():
+            run(compose(*SHORT, f"pe={pe}", f"seed={seed}"), root / name)
+        with pytest.raises(SystemExit):  # a single run exits after recording failed.json
+            run(compose(*SHORT, "pe=alibi", "model.n_heads=3"), root / FAILED)
+    unfinished = root / UNFINISHED
+    unfinished.mkdir()
+    config = OmegaConf.load(root / "pe=rope" / "config.yaml")
+    config.seed = 2
+    OmegaConf.save(config, unfinished / "config.yaml")
+    logger = RunLogger(unfinished / "tb")
+    logger.scalars(2, {"valid/loss": 5.9})
+    logger.against_time("valid_loss", 5.9, 0.5)
+    logger.close()
+    (root / "pe=rope" / ".hydra").mkdir(exist_ok=True)  # Hydra's copy must not count as a run
+    shutil.copy(root / "pe=rope" / "config.yaml", root / "pe=rope" / ".hydra" / "config.yaml")
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(sweep) -> tuple[Path, str, list[dict[str, str]]]:
+    """The report built through the command-line entry point: (out dir, markdown, CSV rows)."""
+    out = sweep / "out"
+    main([str(sweep), "--out", str(out), "--bootstrap", "100"])
+    with open(out / "report.csv", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    return out, (out / "report.md").read_text(encoding="utf-8"), rows
+
+
+def metrics_of(sweep: Path, name: str) -> dict:
+    return json.loads((sweep / name / "metrics.json").read_text())
+
+
+def table_row(markdown: str, first_cell: str) -> list[str]:
+    """The cells of the first markdown table row whose first cell is ``first_cell``."""
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.split(" | ")]
+        if cells[0] == first_cell:
+            return cells
+    raise AssertionError(f"no table row starts with {first_cell!r}")
+
+
+def csv_value(rows, **match) -> str:
+    found = [r["value"] for r in rows if all(r[k] == v for k, v in match.items())]
+    assert len(found) == 1, (match, found)
+    return found[0]
+
+
+def test_the_report_has_every_section(report):
+    _, markdown, _ = report
+    for title in SECTIONS:
+        assert f"\n## {title}\n" in markdown
+    for split in ("test", "long"):
+        assert markdown.count(f"\n### {split}\n") == 3  # scores, significance, buckets
+
+
+def test_every_run_is_listed_with_its_status_and_the_hydra_copy_is_not(report, sweep):
+    _, markdown, rows = report
+    for name, (pe, seed) in DONE.items():
+        cells = table_row(markdown, f"`{name}`")
+        bleu = metrics_of(sweep, name)["splits"]["test"]["bleu"]
+        assert cells[1:4] == [pe, str(seed), "done"]
+        assert cells[7] == f"{bleu:.2f}"
+    failure = json.loads((sweep / FAILED / "failed.json").read_text())
+    cells = table_row(markdown, f"`{FAILED}`")
+    assert cells[3] == "failed" and failure["message"] in cells[-1] and "divisible" in cells[-1]
+    cells = table_row(markdown, f"`{UNFINISHED}`")
+    assert cells[3] == "unfinished" and "step 2" in cells[-1]
+    assert "5 run(s): 3 done, 1 failed, 1 unfinished." in markdown
+    assert ".hydra" not in markdown
+    assert csv_value(rows, section="runs", run=FAILED, metric="status") == "failed"
+
+
+def test_score_tables_match_the_runs_metrics(report, sweep):
+    _, markdown, rows = report
+    rope = metrics_of(sweep, "pe=rope")["splits"]
+    nonepe = [metrics_of(sweep, n)["splits"]["test"] for n in ("pe=nonepe", "pe=nonepe,seed=1")]
+    cells = table_row(markdown, "rope")  # the first "rope" row is the test split's score table
+    assert cells[1:3] == ["1", "4"]
+    assert cells[3] == f"{rope['test']['bleu']:.2f}" and cells[6] == f"{rope['test']['loss']:.4f}"
+    losses = [m["loss"] for m in nonepe]
+    assert table_row(markdown, "nonepe")[6] == (
+        f"{np.mean(losses):.4f} ± {np.std(losses, ddof=1):.4f}"
+    )
+    for split in ("test", "long"):
+        for metric in ("bleu", "chrf", "loss"):
+            value = csv_value(rows, section="scores", split=split, run="pe=rope", metric=metric)
+            assert float(value) == rope[split][metric]
+    mean = csv_value(rows, section="scores", split="test", encoding="nonepe", metric="loss_mean")
+    assert float(mean) == pytest.approx(np.mean(losses))
+    assert "BERTScore null: BERTScore is off" in markdown
+    assert rope["test"]["bleu_signature"] in markdown
+
+
+def test_figures_exist(report):
+    out, markdown, _ = report
+    names = ["valid_loss_vs_steps.png", "valid_loss_vs_time.png", "scores_test.png",
+             "scores_long.png", "buckets_test.png", "buckets_long.png"]
+    if (Path(out).parent / "pe=rope" / "attention.png").exists():
+        names += ["attention_nonepe.png", "attention_rope.png"]
+    else:
+        assert "No attention map" in markdown
+    for name in names:
+        assert (out / name).stat().st_size > 1000, name
+        assert f"]({name})" in markdown
+
+
+def test_p_values_are_probabilities(report):
+    _, _, rows = report
+    p_values = [float(r["value"]) for r in rows if r["metric"] in ("p_bleu", "p_chrf")]
+    assert p_values and all(0 < p <= 1 for p in p_values)
+
+
+def test_cost_is_relative_to_nonepe(report, sweep):
+    _, _, rows = report
+    speeds = [metrics_of(sweep, n)["train"]["train_tokens_per_s"] for n in DONE]
+    ratio = csv_value(rows, section="cost", encoding="rope", metric="train_tokens_per_s_vs_nonepe")
+    assert float(ratio) == pytest.approx(speeds[2] / np.mean(speeds[:2]))
+    assert float(csv_value(rows, section="cost", encoding="nonepe",
+                           metric="train_tokens_per_s_vs_nonepe")) == 1.0
+
+
+def test_the_unfinished_run_adds_its_curve_so_far(report):
+    _, _, rows = report
+    n = csv_value(rows, section="curves", encoding="rope", metric="best_valid_loss_n")
+    assert float(n) == 2  # rope seed 0 (done) and seed 2 (unfinished)
+
+
+def test_the_training_length_limit_is_named(report):
+    _, markdown, _ = report
+    assert "`data.max_len` = 12 symbols" in markdown
+
+
+def test_significance_uses_sacrebleus_paired_bootstrap_on_concatenated_seeds(sweep, tmp_path):
+    """With real translations: nonepe (seeds 0, 1) perfect, rope (seed 0) half garbage. rope is
+    compared on seed 0 only (the seed both have), nonepe's own row concatenates both seeds."""
+    copy = tmp_path / "sweep"
+    for name in DONE:
+        shutil.copytree(sweep / name, copy / name, ignore=shutil.ignore_patterns("checkpoints"))
+        refs = (copy / name / "references.test.txt").read_text().splitlines()
+        hyps = [r if name != "pe=rope" or i % 2 else "x y" for i, r in enumerate(refs)]
+        (copy / name / "hypotheses.test.txt").write_text("\n".join(hyps) + "\n")
+        metrics = metrics_of(copy, name)
+        metrics["splits"]["test"].update(bleu_chrf(hyps, refs))
+        (copy / name / "metrics.json").write_text(json.dumps(metrics))
+    build_report(copy, samples=200)
+    markdown = (copy / "report" / "report.md").read_text()
+    refs = (copy / "pe=rope" / "references.test.txt").read_text().splitlines()
+    hyps = (copy / "pe=rope" / "hypotheses.test.txt").read_text().splitlines()
+    cells = table_row(markdown[markdown.index("## 4. Significance"):], "rope")
+    assert cells[1] == "0"
+    assert cells[2].startswith(f"{sacrebleu.corpus_bleu(hyps, [refs]).score:.2f} (")
+    assert 0 < float(cells[3]) < 0.05  # far worse than the baseline on every resample
+    cells = table_row(markdown[markdown.index("## 4. Significance"):], "nonepe")
+    assert cells[1] == "0, 1" and cells[3] == "baseline" and cells[2].startswith("100.00")
+    assert "bs:200|seed:12345" in markdown
+
+
+def test_user_errors_are_one_line(sweep, tmp_path, capsys):
+    with pytest.raises(SystemExit, match=r"error: .* is not a directory"):
+        main([str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match="no run directory"):
+        main([str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"split 'nope' is in no metrics.json; found: test, long"):
+        main([str(sweep), "--out", str(tmp_path / "out"), "--split", "nope"])
+
+
+def test_seeds_are_averaged_inside_their_own_range_only():
+    early = (np.array([0.0, 10.0]), np.array([4.0, 2.0]))
+    late = (np.array([0.0, 20.0]), np.array([6.0, 2.0]))
+    agg = aggregate_curves([early, late], np.array([0.0, 10.0, 20.0]))
+    assert agg["mean"].tolist() == [5.0, 3.0, 2.0]  # at 20 only the longer seed counts
+    assert agg["min"].tolist() == [4.0, 2.0, 2.0] and agg["max"].tolist() == [6.0, 4.0, 2.0]
+    assert agg["count"].tolist() == [2, 2, 1]
+
+
+def test_helpers():
+    assert mean_std([1.0, None, 3.0]) == (2.0, pytest.approx(2**0.5), 2)
+    assert mean_std([None]) is None
+    edges = [(0, 10), (10, 20), (20, 40)]
+    assert bucket_position(15, edges) == pytest.approx(1.0)
+    assert bucket_position(20, edges) == pytest.approx(1.5)
+    assert bucket_position(40, edges) is None
+    assert re.fullmatch(r"[\w.=-]+", "pe=rope_seed=1")
