@@ -72,6 +72,7 @@ def test_only_self_attention_has_gates():
     [
         (False, torch.arange(7), torch.arange(7)),
         (False, torch.tensor([6]), torch.arange(7)),  # cached decoding: newest token only
+        (False, torch.arange(4, 7), torch.arange(7)),  # a block of new tokens after a cache
         (True, torch.arange(7), torch.arange(7)),
     ],
 )

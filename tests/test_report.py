@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import sacrebleu
+import torch
+from conftest import SMOKE, compose
 from omegaconf import OmegaConf
 
-from conftest import SMOKE, compose
 from posenc.cli import run
 from posenc.metrics import bleu_chrf
 from posenc.report import (
@@ -25,6 +25,7 @@ from posenc.report import (
     build_report,
     main,
     mean_std,
+    slug,
 )
 from posenc.tblog import RunLogger
 
@@ -35,6 +36,7 @@ SHORT = (
     "trainer.valid_every=2",
     "+data.extra_tests.long={min_len: 13, max_len: 24, size: 8}",
     "eval.splits=[test,long]",
+    "threads=1",  # tiny models: one thread is ~5x faster on a busy 2-core machine
 )
 DONE = {"pe=nonepe": ("nonepe", 0), "pe=nonepe,seed=1": ("nonepe", 1), "pe=rope": ("rope", 0)}
 FAILED, UNFINISHED = "model.n_heads=3,pe=alibi", "pe=rope,seed=2"
@@ -44,6 +46,7 @@ FAILED, UNFINISHED = "model.n_heads=3,pe=alibi", "pe=rope,seed=2"
 def sweep(tmp_path_factory) -> Path:
     """A sweep directory laid out as a Hydra multirun, with done, failed and unfinished runs."""
     root = tmp_path_factory.mktemp("sweep")
+    threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("POSENC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
         mp.setenv("HF_HUB_OFFLINE", "1")
@@ -51,6 +54,7 @@ def sweep(tmp_path_factory) -> Path:
             run(compose(*SHORT, f"pe={pe}", f"seed={seed}"), root / name)
         with pytest.raises(SystemExit):  # a single run exits after recording failed.json
             run(compose(*SHORT, "pe=alibi", "model.n_heads=3"), root / FAILED)
+    torch.set_num_threads(threads)  # run() set it for this process; leave other tests alone
     unfinished = root / UNFINISHED
     unfinished.mkdir()
     config = OmegaConf.load(root / "pe=rope" / "config.yaml")
@@ -77,6 +81,13 @@ def report(sweep) -> tuple[Path, str, list[dict[str, str]]]:
 
 def metrics_of(sweep: Path, name: str) -> dict:
     return json.loads((sweep / name / "metrics.json").read_text())
+
+
+def section(markdown: str, number: int) -> str:
+    """The text of section ``number`` (1-7) of the report."""
+    start = markdown.index(f"\n## {SECTIONS[number - 1]}\n")
+    end = markdown.find("\n## ", start + 1)
+    return markdown[start : end if end > 0 else None]
 
 
 def table_row(markdown: str, first_cell: str) -> list[str]:
@@ -123,11 +134,12 @@ def test_score_tables_match_the_runs_metrics(report, sweep):
     _, markdown, rows = report
     rope = metrics_of(sweep, "pe=rope")["splits"]
     nonepe = [metrics_of(sweep, n)["splits"]["test"] for n in ("pe=nonepe", "pe=nonepe,seed=1")]
-    cells = table_row(markdown, "rope")  # the first "rope" row is the test split's score table
+    scores = section(markdown, 3)
+    cells = table_row(scores, "rope")  # the first row is the test split's
     assert cells[1:3] == ["1", "4"]
     assert cells[3] == f"{rope['test']['bleu']:.2f}" and cells[6] == f"{rope['test']['loss']:.4f}"
     losses = [m["loss"] for m in nonepe]
-    assert table_row(markdown, "nonepe")[6] == (
+    assert table_row(scores, "nonepe")[6] == (
         f"{np.mean(losses):.4f} ± {np.std(losses, ddof=1):.4f}"
     )
     for split in ("test", "long"):
@@ -142,8 +154,14 @@ def test_score_tables_match_the_runs_metrics(report, sweep):
 
 def test_figures_exist(report):
     out, markdown, _ = report
-    names = ["valid_loss_vs_steps.png", "valid_loss_vs_time.png", "scores_test.png",
-             "scores_long.png", "buckets_test.png", "buckets_long.png"]
+    names = [
+        "valid_loss_vs_steps.png",
+        "valid_loss_vs_time.png",
+        "scores_test.png",
+        "scores_long.png",
+        "buckets_test.png",
+        "buckets_long.png",
+    ]
     if (Path(out).parent / "pe=rope" / "attention.png").exists():
         names += ["attention_nonepe.png", "attention_rope.png"]
     else:
@@ -164,8 +182,14 @@ def test_cost_is_relative_to_nonepe(report, sweep):
     speeds = [metrics_of(sweep, n)["train"]["train_tokens_per_s"] for n in DONE]
     ratio = csv_value(rows, section="cost", encoding="rope", metric="train_tokens_per_s_vs_nonepe")
     assert float(ratio) == pytest.approx(speeds[2] / np.mean(speeds[:2]))
-    assert float(csv_value(rows, section="cost", encoding="nonepe",
-                           metric="train_tokens_per_s_vs_nonepe")) == 1.0
+    assert (
+        float(
+            csv_value(
+                rows, section="cost", encoding="nonepe", metric="train_tokens_per_s_vs_nonepe"
+            )
+        )
+        == 1.0
+    )
 
 
 def test_the_unfinished_run_adds_its_curve_so_far(report):
@@ -195,11 +219,11 @@ def test_significance_uses_sacrebleus_paired_bootstrap_on_concatenated_seeds(swe
     markdown = (copy / "report" / "report.md").read_text()
     refs = (copy / "pe=rope" / "references.test.txt").read_text().splitlines()
     hyps = (copy / "pe=rope" / "hypotheses.test.txt").read_text().splitlines()
-    cells = table_row(markdown[markdown.index("## 4. Significance"):], "rope")
+    cells = table_row(section(markdown, 4), "rope")
     assert cells[1] == "0"
     assert cells[2].startswith(f"{sacrebleu.corpus_bleu(hyps, [refs]).score:.2f} (")
     assert 0 < float(cells[3]) < 0.05  # far worse than the baseline on every resample
-    cells = table_row(markdown[markdown.index("## 4. Significance"):], "nonepe")
+    cells = table_row(section(markdown, 4), "nonepe")
     assert cells[1] == "0, 1" and cells[3] == "baseline" and cells[2].startswith("100.00")
     assert "bs:200|seed:12345" in markdown
 
@@ -229,4 +253,4 @@ def test_helpers():
     assert bucket_position(15, edges) == pytest.approx(1.0)
     assert bucket_position(20, edges) == pytest.approx(1.5)
     assert bucket_position(40, edges) is None
-    assert re.fullmatch(r"[\w.=-]+", "pe=rope_seed=1")
+    assert slug("rope (model.d_model=32)") == "rope_model.d_model=32"

@@ -88,6 +88,7 @@ def test_each_layer_has_its_own_tables():
         (False, torch.arange(7), torch.arange(7)),
         (True, torch.arange(7), torch.arange(7)),
         (True, torch.tensor([6]), torch.arange(7)),  # cached decoding: newest token only
+        (True, torch.arange(4, 7), torch.arange(7)),  # a block of new tokens after a cache
     ],
 )
 def test_forward_and_gradients_match_the_loop_reference(causal, q_pos, k_pos):

@@ -219,7 +219,7 @@ def run_timing(
     for name in settings.encodings:
         try:
             workloads[name] = build_workload(name, settings)
-        except Exception as err:  # noqa: BLE001 - one broken encoding must not stop the others
+        except Exception as err:  # one broken encoding must not stop the others
             errors[name] = f"build: {type(err).__name__}: {err}"
             log.warning("pe=%s cannot be built: %s", name, err)
     samples: dict[str, dict[str, dict[str, list[float]]]] = {
@@ -241,7 +241,7 @@ def run_timing(
                 steps = count_decoder_calls(work, sources, length)
                 if steps != length:
                     raise RuntimeError(f"decoding ran {steps} decoder steps, expected {length}")
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # idem: report it and go on
                 errors[name] = f"L={length}: {type(err).__name__}: {err}"
                 log.warning("pe=%s fails at L=%d: %s", name, length, err)
                 del workloads[name]

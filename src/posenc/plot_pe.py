@@ -1,32 +1,34 @@
 """Pictures of what a positional encoding does (``scripts/plot_pe.py pe=NAME``).
 
 The model is the untrained, seeded Seq2Seq of ``configs/model/MODEL.yaml`` with the encoding of
-``configs/pe/NAME.yaml``, in eval mode (no dropout). Everything is read through the encoding
-interface, so any encoding with a config is drawn without code of its own:
+``configs/pe/NAME.yaml`` (or a trained run's checkpoint, ``--run DIR``), in eval mode. All is
+read through the encoding interface, so any encoding with a config is drawn without code of its
+own; rotary rules get one extra panel. The panels:
 
 * **input level**: the absolute table ``encoding.embed(zeros(1, L, d), arange(L))``, positions x
-  dims (blank with a note when the encoding adds nothing to the input);
-* **position only**: every position holds the same token, so the layer-0 self-attention of the
-  encoder and of the decoder (:meth:`MultiHeadAttention.attention_weights`) sees no content
-  differences and shows the position effect alone. Drawn per head as the log-weight relative to
-  the row's largest weight for one query (middle of the encoder, last of the decoder) against
-  the distance ``i - j`` (positive: key before the query) — for a bias encoding this is the bias
-  up to a constant — and as the full ``(L, L)`` weight matrix of head 0;
+  dims (left out, with a note, when the encoding adds nothing to the input);
+* **position only**: every position holds the same token (the first id that is not pad, BOS or
+  EOS), so the layer-0 self-attention of the encoder and of the decoder
+  (:meth:`MultiHeadAttention.attention_weights`) sees no content differences and shows the
+  position effect alone. Drawn per head as the log-weight relative to the row's largest weight
+  for one query (middle of the encoder, last of the decoder) against the distance ``i - j``
+  (positive: key before the query) — for a bias encoding, the bias up to a constant — and as
+  the full ``(L, L)`` weight matrix of head 0;
 * **bias**: for rules that override :meth:`AttentionRule.bias` (ALiBi, T5, KERPLE, FoX), the
   bias itself per head against distance, for the same query and constant input;
 * **rotary** (rules of :mod:`posenc.encodings.rotary`): ``q_i . k_j / D`` against ``i - j`` with
   ``q = k`` one fixed random vector at every position, and averaged over 512 random vectors
   (RoFormer's long-term decay; xPos adds its decay in the decoder);
-* **content**: the weights of every head on an example sequence of random tokens (what
-  content-dependent encodings such as CoPE, FoX and stick-breaking add shows up here; for the
-  others it shows the untrained model's content noise on top of the position pattern).
+* **content**: the weights of the first four heads on an example sequence of random tokens
+  (what content-dependent encodings such as CoPE, FoX and stick-breaking add shows up here;
+  for the others it is the untrained model's content noise on top of the position pattern).
 
 Beside the PNG, ``NAME.npz`` holds the plotted arrays (``H`` heads, ``L`` positions, ``d``
 model width): ``positions (L,)``, ``embed_encoder``/``embed_decoder (L, d)``, and per stack
 ``S`` in ``encoder``/``decoder``: ``S_query ()``, ``S_distance (L,)``, ``S_logweight (H, L)``
 (NaN where a key is masked or gets exactly 0), ``S_weights_constant (H, L, L)``,
 ``S_weights_random (H, L, L)``, ``S_tokens_random (L,)``, and where they apply
-``S_bias (H, L)`` and ``S_rotary_score``/``S_rotary_mean (L,)``.
+``S_bias (H, L)`` (NaN at masked keys) and ``S_rotary_score``/``S_rotary_mean (L,)``.
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ from typing import Any
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from omegaconf import OmegaConf
 from torch import Tensor
 
 from posenc.attention import MultiHeadAttention
 from posenc.catalog import build_named_model, select_encodings
-from posenc.encodings.base import AttentionCall, AttentionRule, StackEncoding
+from posenc.encodings.base import AttentionCall, AttentionRule, EncodingModule, StackEncoding
+from posenc.evaluate import load_run_model
 from posenc.model import Seq2Seq
 
 try:  # rotary encodings are optional: the plots work without them
@@ -54,8 +58,6 @@ try:  # rotary encodings are optional: the plots work without them
 except ImportError:  # pragma: no cover
     RotaryRule = None
 
-CONSTANT_TOKEN = 3
-"""The token repeated at every position of the position-only input (the first non-special id)."""
 ROTARY_SAMPLES = 512
 HEATMAP_HEADS = 4
 
@@ -127,6 +129,8 @@ class EncodingView:
 
     name: str
     encoding: StackEncoding
+    source: str
+    constant_token: int
     positions: np.ndarray
     embed_encoder: np.ndarray
     embed_decoder: np.ndarray
@@ -152,10 +156,12 @@ class EncodingView:
 
 
 def _numpy(x: Tensor) -> np.ndarray:
+    """``x`` as a float32 numpy array."""
     return x.detach().float().cpu().numpy()
 
 
 def _overrides_bias(rule: AttentionRule) -> bool:
+    """True when the rule adds a logit bias of its own (the base class adds none)."""
     return type(rule).bias is not AttentionRule.bias
 
 
@@ -221,25 +227,32 @@ def stack_view(
     return view
 
 
+def _ordinary_tokens(model: Seq2Seq) -> Tensor:
+    """The ids of the model's vocabulary other than pad, BOS and EOS."""
+    ids = torch.arange(model.output.out_features)
+    special = torch.tensor([model.pad_id, model.bos_id, model.eos_id])
+    return ids[~torch.isin(ids, special)]
+
+
 @torch.no_grad()
-def encoding_view(name: str, length: int, model: Seq2Seq, seed: int = 0) -> EncodingView:
-    """Compute every plotted array of encoding ``name`` on ``model`` (already built with it)."""
+def encoding_view(
+    name: str, length: int, model: Seq2Seq, seed: int = 0, source: str = "given model"
+) -> EncodingView:
+    """Every plotted array of encoding ``name`` on ``model`` (built with it; ``source`` says
+    which model it is, for the figure's notes)."""
     model.eval()
     stacks = {"encoder": model.encoder, "decoder": model.decoder}
     positions = torch.arange(length)
+    zeros = torch.zeros(1, length, model.src_embed.embedding_dim)
     tables = {
-        site: _numpy(
-            stack.encoding.embed(torch.zeros(1, length, model.src_embed.embedding_dim), positions)[
-                0
-            ]
-        )
-        for site, stack in stacks.items()
+        site: _numpy(stack.encoding.embed(zeros, positions)[0]) for site, stack in stacks.items()
     }
-    inputs: dict[str, dict[str, Layer0Inputs]] = {}
+    ordinary = _ordinary_tokens(model)
     generator = torch.Generator().manual_seed(seed)
-    random_src = torch.randint(3, model.output.out_features, (1, length), generator=generator)
-    random_tgt = torch.randint(3, model.output.out_features, (1, length), generator=generator)
-    constant_tokens = torch.full((1, length), CONSTANT_TOKEN)
+    random_src = ordinary[torch.randint(len(ordinary), (1, length), generator=generator)]
+    random_tgt = ordinary[torch.randint(len(ordinary), (1, length), generator=generator)]
+    constant_tokens = torch.full((1, length), int(ordinary[0]))
+    inputs: dict[str, dict[str, Layer0Inputs]] = {}
     for kind, (src, tgt) in {
         "constant": (constant_tokens, constant_tokens),
         "random": (random_src, random_tgt),
@@ -253,6 +266,8 @@ def encoding_view(name: str, length: int, model: Seq2Seq, seed: int = 0) -> Enco
     view = EncodingView(
         name=name,
         encoding=model.encoder.encoding,
+        source=source,
+        constant_token=int(ordinary[0]),
         positions=positions.numpy(),
         embed_encoder=tables["encoder"],
         embed_decoder=tables["decoder"],
@@ -272,13 +287,22 @@ def encoding_view(name: str, length: int, model: Seq2Seq, seed: int = 0) -> Enco
     return view
 
 
-def _heatmap(fig: Figure, ax: Any, data: np.ndarray, title: str, xlabel: str, ylabel: str) -> None:
-    image = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="viridis")
+def _heatmap(fig: Figure, ax: Any, data: np.ndarray, title: str, weights: bool = True) -> None:
+    """Draw ``data`` on ``ax``: attention weights (query x key), clipped at their 99th percentile
+    so that rows holding all their weight on one key (the decoder's first) do not wash out the
+    rest; or, with ``weights=False``, the input table (position x dim)."""
+    if weights:
+        limits = {"vmin": 0.0, "vmax": float(np.percentile(data, 99)) or None}
+        xlabel, ylabel = "key j", "query i"
+    else:
+        limits, xlabel, ylabel = {}, "dim", "position"
+    image = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="viridis", **limits)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
 
 
 def _curves(ax: Any, distance: np.ndarray, rows: np.ndarray, title: str, ylabel: str) -> None:
+    """One line per head: ``rows (H, L)`` against ``distance (L,)``."""
     for head, row in enumerate(rows):
         ax.plot(distance, row, label=f"head {head}", linewidth=1)
     ax.set(title=title, xlabel="distance i - j (key before query > 0)", ylabel=ylabel)
@@ -286,58 +310,58 @@ def _curves(ax: Any, distance: np.ndarray, rows: np.ndarray, title: str, ylabel:
     ax.legend(fontsize=6, ncol=2)
 
 
-def draw(view: EncodingView) -> Figure:
-    """The figure of one encoding (see the module docstring for the panels)."""
-    enc, dec = view.stacks["encoder"], view.stacks["decoder"]
-    has_bias = enc.bias is not None or dec.bias is not None
-    has_rotary = enc.rotary_score is not None or dec.rotary_score is not None
-    n_rows = 4 + has_bias + has_rotary
-    fig = Figure(figsize=(18, 3.6 * n_rows), layout="constrained")
-    grid = fig.add_gridspec(n_rows, 4)
-    row = 0
-
-    ax = fig.add_subplot(grid[row, :2])
-    if np.any(view.embed_encoder):
-        _heatmap(
-            fig, ax, view.embed_encoder, "input table embed(0, pos), encoder", "dim", "position"
-        )
-    else:
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no input-level encoding (embed adds nothing)", ha="center")
-    notes = fig.add_subplot(grid[row, 2:])
-    notes.axis("off")
+def _notes(view: EncodingView, has_table: bool) -> str:
+    """The figure's text panel: the encoding, where it applies, the model, the input."""
     lines = [
         f"pe={view.name}  ({type(view.encoding).__name__})",
         f"applies to: {view.encoding.applies_to}",
         f"encoder form: {view.encoding.encoder_form}",
-        "untrained seeded model, layer-0 self-attention, eval mode",
-        f"constant input: token {CONSTANT_TOKEN} at every position (position effects only)",
+        f"{view.source}; layer-0 self-attention, eval mode",
+        f"constant input: token {view.constant_token} at every position (position effects only)",
     ]
+    if not has_table:
+        lines.append("no input-level encoding (embed adds nothing)")
     if view.flat:
-        lines.append("FLAT: this encoding gives attention no position information")
-    notes.text(0, 1, "\n".join(lines), va="top", family="monospace", fontsize=9)
-    row += 1
+        lines.append(
+            "FLAT: attention gets no position information from this model (an encoding that "
+            "starts at zero, like CoPE, needs training or --zero-init-std)"
+        )
+    return "\n".join(lines)
 
-    for col, (site, stack) in enumerate(view.stacks.items()):
+
+def draw(view: EncodingView) -> Figure:
+    """The figure of one encoding (see the module docstring for the panels)."""
+    stacks = view.stacks
+    has_table = bool(np.any(view.embed_encoder))
+    has_bias = any(stack.bias is not None for stack in stacks.values())
+    has_rotary = any(stack.rotary_score is not None for stack in stacks.values())
+    n_rows = 4 + has_bias + has_rotary
+    top = 1.0 if has_table else 0.3
+    fig = Figure(figsize=(18, 3.6 * (n_rows - 1 + top)), layout="constrained")
+    grid = fig.add_gridspec(n_rows, 4, height_ratios=[top] + [1.0] * (n_rows - 1))
+
+    if has_table:
+        table_ax = fig.add_subplot(grid[0, :2])
+        _heatmap(fig, table_ax, view.embed_encoder, "input table embed(0, pos), encoder", False)
+    notes = fig.add_subplot(grid[0, 2:] if has_table else grid[0, :])
+    notes.axis("off")
+    notes.text(0, 1, _notes(view, has_table), va="top", family="monospace", fontsize=9)
+    row = 1
+
+    for col, (site, stack) in enumerate(stacks.items()):
         _curves(
             fig.add_subplot(grid[row, 2 * col]),
             stack.distance,
             stack.logweight,
-            f"{site}: log weight - row max, query {stack.query}, constant input",
+            f"{site}: log weight - row max, query {stack.query}",
             "log weight (relative)",
         )
-        _heatmap(
-            fig,
-            fig.add_subplot(grid[row, 2 * col + 1]),
-            stack.weights_constant[0],
-            f"{site}: weights head 0, constant input",
-            "key j",
-            "query i",
-        )
+        heat_ax = fig.add_subplot(grid[row, 2 * col + 1])
+        _heatmap(fig, heat_ax, stack.weights_constant[0], f"{site}: head 0, constant input")
     row += 1
 
     if has_bias:
-        for col, (site, stack) in enumerate(view.stacks.items()):
+        for col, (site, stack) in enumerate(stacks.items()):
             ax = fig.add_subplot(grid[row, 2 * col : 2 * col + 2])
             if stack.bias is None:
                 ax.axis("off")
@@ -346,7 +370,7 @@ def draw(view: EncodingView) -> Figure:
         row += 1
 
     if has_rotary:
-        for col, (site, stack) in enumerate(view.stacks.items()):
+        for col, (site, stack) in enumerate(stacks.items()):
             ax = fig.add_subplot(grid[row, 2 * col : 2 * col + 2])
             if stack.rotary_score is None:
                 ax.axis("off")
@@ -361,62 +385,128 @@ def draw(view: EncodingView) -> Figure:
             ax.legend(fontsize=7)
         row += 1
 
-    for site, stack in view.stacks.items():
-        heads = stack.weights_random.shape[0]
-        for head in range(min(heads, HEATMAP_HEADS)):
-            _heatmap(
-                fig,
-                fig.add_subplot(grid[row, head]),
-                stack.weights_random[head],
-                f"{site}: weights head {head}, random tokens",
-                "key j",
-                "query i",
-            )
+    for site, stack in stacks.items():
+        for head in range(min(stack.weights_random.shape[0], HEATMAP_HEADS)):
+            ax = fig.add_subplot(grid[row, head])
+            _heatmap(fig, ax, stack.weights_random[head], f"{site}: head {head}, random tokens")
         row += 1
     fig.suptitle(f"What pe={view.name} does to attention (L={len(view.positions)})")
     return fig
 
 
-def plot_encoding(
-    name: str, out_dir: Path, length: int = 128, model: str = "small", seed: int = 0
-) -> tuple[Path, Path]:
-    """Draw encoding ``name`` to ``OUT/NAME.png`` and save its arrays to ``OUT/NAME.npz``."""
-    seq2seq = build_named_model(name, model, seed=seed)
-    view = encoding_view(name, length, seq2seq, seed)
+def perturb_zero_parameters(model: Seq2Seq, std: float, seed: int) -> int:
+    """Draw every all-zero parameter of the model's encodings from ``N(0, std)``; returns how
+    many tensors changed. Encodings whose paper starts them at zero (CoPE's position tables)
+    show nothing before training; this makes their mechanism visible on an untrained model."""
+    generator = torch.Generator().manual_seed(seed)
+    params = {
+        id(param): param
+        for module in model.modules()
+        if isinstance(module, EncodingModule)
+        for param in module.parameters()
+    }
+    changed = 0
+    with torch.no_grad():
+        for param in params.values():
+            if not torch.any(param):
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+                changed += 1
+    return changed
+
+
+def save_view(view: EncodingView, out_dir: Path) -> tuple[Path, Path]:
+    """Write ``OUT/NAME.png`` and ``OUT/NAME.npz`` for ``view``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    png, npz = out_dir / f"{name}.png", out_dir / f"{name}.npz"
+    png, npz = out_dir / f"{view.name}.png", out_dir / f"{view.name}.npz"
     draw(view).savefig(png, dpi=80)
     np.savez_compressed(npz, **view.arrays())
     return png, npz
 
 
+def plot_encoding(
+    name: str,
+    out_dir: Path,
+    length: int = 128,
+    model: str = "small",
+    seed: int = 0,
+    zero_init_std: float = 0.0,
+) -> tuple[Path, Path]:
+    """Draw encoding ``name`` on an untrained seeded model of ``configs/model/MODEL.yaml`` to
+    ``OUT/NAME.png`` and save its arrays to ``OUT/NAME.npz``; with ``zero_init_std > 0``, see
+    :func:`perturb_zero_parameters`."""
+    seq2seq = build_named_model(name, model, seed=seed)
+    source = f"untrained model '{model}', seed {seed}"
+    if zero_init_std > 0:
+        changed = perturb_zero_parameters(seq2seq, zero_init_std, seed)
+        source += f"; {changed} zero-initialised encoding tensors ~ N(0, {zero_init_std})"
+    return save_view(encoding_view(name, length, seq2seq, seed, source), out_dir)
+
+
+def plot_run(
+    run_dir: Path, out_dir: Path | None = None, length: int = 128, which: str = "best"
+) -> tuple[Path, Path]:
+    """Draw the trained encoding of a training run directory (its ``which`` checkpoint) to
+    ``OUT/NAME.png`` and ``OUT/NAME.npz``, ``OUT`` defaulting to ``RUN/plots``."""
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    _, model, step, path = load_run_model(run_dir, cfg, which, torch.device("cpu"))
+    source = f"trained: {path} (step {step})"
+    view = encoding_view(cfg.pe.name, length, model, 0, source)
+    return save_view(view, out_dir or run_dir / "plots")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line of ``scripts/plot_pe.py``."""
     parser = argparse.ArgumentParser(
-        description="Draw what a positional encoding does (untrained model) to a PNG and save "
-        "the plotted arrays beside it as .npz."
+        description="Draw what a positional encoding does to a PNG and save the plotted arrays "
+        "beside it as .npz: on an untrained seeded model (pe=NAME), or on a trained run "
+        "(--run DIR)."
     )
-    parser.add_argument("pe", help="pe=NAME, pe=NAME1,NAME2 or pe=all (configs/pe/*.yaml)")
-    parser.add_argument("--out", type=Path, default=Path("outputs/plots"), help="directory")
+    parser.add_argument(
+        "pe", nargs="?", help="pe=NAME, pe=NAME1,NAME2 or pe=all (configs/pe/*.yaml)"
+    )
+    parser.add_argument("--run", type=Path, default=None, help="a training run directory")
+    parser.add_argument("--checkpoint", choices=["best", "last"], default="best", help="with --run")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="directory (outputs/plots; RUN/plots with --run)"
+    )
     parser.add_argument("--length", type=int, default=128, help="positions L")
     parser.add_argument("--model", default="small", help="configs/model/NAME.yaml")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--zero-init-std",
+        type=float,
+        default=0.0,
+        help="draw all-zero encoding parameters (CoPE's tables) from N(0, STD) to show their "
+        "mechanism before training (default 0: the paper's initialisation)",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Plot every requested encoding; prints the files written."""
+    """Plot every requested encoding (or a run's); prints the files written."""
     args = parse_args(argv)
-    spec = args.pe.removeprefix("pe=")
-    try:
-        names = select_encodings(spec)
-    except ValueError as err:
-        print(f"plot_pe: {err}", file=sys.stderr)
-        return 2
     if args.length < 2:
         print(f"plot_pe: --length={args.length} must be at least 2", file=sys.stderr)
         return 2
+    if args.run is not None:
+        if args.pe:
+            print("plot_pe: give pe=NAME or --run DIR, not both", file=sys.stderr)
+            return 2
+        png, npz = plot_run(args.run, args.out, args.length, args.checkpoint)
+        print(f"{png} {npz}")
+        return 0
+    try:
+        names = select_encodings((args.pe or "").removeprefix("pe=") or None)
+    except ValueError as err:
+        print(f"plot_pe: {err}", file=sys.stderr)
+        return 2
+    if not args.pe:
+        print("plot_pe: name the encoding(s): pe=NAME, pe=a,b or pe=all", file=sys.stderr)
+        return 2
+    out_dir = args.out or Path("outputs/plots")
     for name in names:
-        png, npz = plot_encoding(name, args.out, args.length, args.model, args.seed)
+        png, npz = plot_encoding(
+            name, out_dir, args.length, args.model, args.seed, args.zero_init_std
+        )
         print(f"{name}: {png} {npz}")
     return 0

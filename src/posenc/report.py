@@ -61,6 +61,7 @@ IGNORED_KEYS = {
     "threads",
     "trainer.resume",
     "trainer.progress",
+    "trainer.log_every",
     "eval.splits",
 }
 #: the shared setup shown in section 1: (what, config keys)
@@ -112,6 +113,7 @@ SETUP_KEYS = (
         ("eval.checkpoint", "eval.max_sentences", "eval.use_cache", "eval.bertscore.model"),
     ),
 )
+IDENTICAL = "output identical to the baseline's: p = 1"
 CURVE_TAGS = {"steps": "valid/loss", "time": "time/valid_loss"}
 MAX_GRID = 300
 
@@ -850,14 +852,13 @@ def significance_rows(
     systems: dict[str, list[Entry]], baseline: str, samples: int
 ) -> tuple[list[Paired], dict[str, str]]:
     """Every system against ``baseline`` on the seeds both have (hypotheses concatenated in seed
-    order); systems sharing the same seeds go through one ``PairedTest``."""
+    order); systems sharing the same seeds go through one ``PairedTest``. The baseline's own row
+    uses all its seeds. A system whose output equals the baseline's gets p = 1 (sacrebleu's
+    formula gives 1/(N+1) for a zero difference)."""
     base = seed_texts(systems[baseline])
-    all_seeds = tuple(sorted(base))
-    results, signatures = paired_bootstrap(
-        [(baseline, _concat(base, all_seeds, 0))], _concat(base, all_seeds, 1), samples
-    )
-    rows = [Paired(baseline, all_seeds, results[0], "baseline")]
-    by_seeds: dict[tuple[int, ...], list[Paired]] = {}
+    top = Paired(baseline, tuple(sorted(base)), note="baseline")
+    rows = [top]
+    by_seeds: dict[tuple[int, ...], list[Paired]] = {top.seeds: []}
     hyps: dict[str, list[str]] = {}
     for name in system_order(systems):
         if name == baseline:
@@ -869,21 +870,24 @@ def significance_rows(
             row.note = "no hypotheses for a seed the baseline has"
         elif any(texts[s][1] != base[s][1] for s in row.seeds):
             row.note = "references differ from the baseline's"
-        elif (own := _concat(texts, row.seeds, 0)) == _concat(base, row.seeds, 0):
-            row.note = "output identical to the baseline's: p = 1"
         else:
-            hyps[name] = own
+            hyps[name] = _concat(texts, row.seeds, 0)
             by_seeds.setdefault(row.seeds, []).append(row)
+            if hyps[name] == _concat(base, row.seeds, 0):
+                row.note = IDENTICAL
+    signatures: dict[str, str] = {}
     for seeds, group in by_seeds.items():
         named = [(baseline, _concat(base, seeds, 0)), *[(r.system, hyps[r.system]) for r in group]]
         results, signatures = paired_bootstrap(named, _concat(base, seeds, 1), samples)
+        if seeds == top.seeds:
+            top.results = results[0]
         for row, result in zip(group, results[1:], strict=True):
             row.results = result
     return rows, signatures
 
 
 def _p_value(row: Paired, metric: str) -> float | None:
-    if row.note.startswith("output identical"):
+    if row.note == IDENTICAL:
         return 1.0
     result = row.results.get(metric)
     return None if result is None else result.p_value
@@ -1226,6 +1230,11 @@ def split_sections(
     colours: dict[str, Any],
 ) -> None:
     """Sections 3–5 (scores, significance, length buckets), one subsection per split."""
+    if not splits:
+        for title in SECTIONS[2:5]:
+            w.heading(title)
+            w.text("No finished run yet.")
+        return
     w.heading(SECTIONS[2])
     w.text(
         "Mean ± sample standard deviation over seeds (no ± for one seed); BLEU and chrF are "
@@ -1253,9 +1262,6 @@ def split_sections(
     )
     for split in splits:
         section_buckets(w, split, systems[split], limits, colours)
-    if not splits:
-        for title in SECTIONS[2:5]:
-            w.text(f"({title}: no finished run yet.)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

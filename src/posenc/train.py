@@ -49,6 +49,7 @@ class TrainState:
     tokens: int = 0
     best_valid_loss: float = math.inf
     skipped_batches: int = 0
+    peak_memory_mb: float = 0.0
     finished: bool = False
     history: list[dict[str, float]] = field(default_factory=list)
 
@@ -224,10 +225,14 @@ def _to_device(batch, device: torch.device):
     return tuple(t.to(device, non_blocking=True) for t in batch)
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this process: CUDA allocator peak, else the resident-set high-water mark."""
+def memory_mb(device: torch.device) -> float:
+    """Memory in use now: the CUDA allocator's peak on a GPU, else this process's resident set
+    (``/proc/self/statm``; the lifetime high-water mark where /proc does not exist)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    statm = Path("/proc/self/statm")
+    if statm.exists():
+        return int(statm.read_text().split()[1]) * resource.getpagesize() / 2**20
     scale = 1 if sys.platform == "darwin" else 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
@@ -370,6 +375,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                     device.type, dtype=amp or torch.float32, enabled=amp is not None
                 ):
                     loss, _, _ = token_loss(model, batch, tokenizer.pad_id, t.label_smoothing)
+                if state.step % t.log_every == 0:  # activations are alive: near the step's peak
+                    state.peak_memory_mb = max(state.peak_memory_mb, memory_mb(device))
                 (loss / n_tokens).backward()
                 loss_sum += float(loss.detach())
             step_loss = loss_sum / n_tokens
@@ -426,7 +433,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "final_valid_loss": state.history[-1]["valid_loss"],
         "skipped_batches": state.skipped_batches,
         "parameters": n_params,
-        "peak_memory_mb": round(peak_memory_mb(device), 1),
+        "peak_memory_mb": round(state.peak_memory_mb, 1),
         "device": str(device),
         "train_pairs": len(data.train_src),
     }

@@ -7,10 +7,13 @@ up to ``i``:
 
     D_ij = sum_{l=j+1..i} log f_l = c_i - c_j,   c = cumsum(log f)
 
-added to the logits; there is no other position information. ``log f`` comes from
-``logsigmoid`` and everything after it (cumulative sums, bias, softmax) runs in float32, also
-under bf16 autocast, as in the reference kernel (zhixuan-lin/forgetting-transformer). Gates
-initialise as in that repo: weights ``N(0, 0.02)``, bias 0.
+added to the logits; there is no other position information (the repo's "Pro" extras:
+output gates, QK-norm, key/value shift, are not part of the encoding and are left out).
+``log f`` comes from ``logsigmoid`` and everything after it (cumulative sums, bias, softmax)
+runs in float32, also under bf16 autocast, as in the reference kernel
+(zhixuan-lin/forgetting-transformer); the gate projection runs in float32 too (the repo runs it
+in the autocast dtype; it is ``d x H``, so this costs nothing). Gates initialise as in that
+repo: weights ``N(0, 0.02)`` (its ``initializer_range``), bias 0, i.e. ``f`` near 1/2.
 
 Where it applies: decoder self-attention (the paper's causal form) and encoder self-attention
 (the bidirectional form below); not cross-attention, whose source and target positions share
@@ -154,7 +157,7 @@ class ForgettingEncoding(StackEncoding):
     """
 
     applies_to = "encoder and decoder self-attention (a forget gate per head and layer)"
-    encoder_form = "-|c_i - c_j|: the same gates forget in both directions"
+    encoder_form = "-|c_i - c_j| (paper is causal-only): the same gates forget both ways"
 
     def __init__(
         self, site: Site, d_model: int, n_heads: int, n_layers: int, init_std: float = 0.02

@@ -1,0 +1,136 @@
+"""The benchmark and plotting scripts: they run for the encodings in ``configs/pe`` and write
+what they promise (tiny models, a few positions: seconds)."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import PE_NAMES, ROOT
+
+from posenc import bench, plot_pe
+from posenc.catalog import build_named_model, encoding_names, select_encodings
+
+PLOTTED = [name for name in ("nonepe", "sinpe", "alibi", "rope") if name in PE_NAMES]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run faster on one thread (and far faster on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_catalog_lists_every_config_with_nonepe_first():
+    names = encoding_names()
+    assert sorted(names) == PE_NAMES
+    assert names[0] == "nonepe"
+    assert select_encodings("sinpe,nonepe,sinpe") == ["sinpe", "nonepe"]
+    with pytest.raises(ValueError, match="unknown encoding"):
+        select_encodings("no_such_encoding")
+
+
+def test_decoding_runs_exactly_length_steps_and_restores_eos():
+    settings = bench.BenchSettings(encodings=["nonepe"], model="tiny", vocab_size=50)
+    work = bench.build_workload("nonepe", settings)
+    # Make EOS the model's favourite token: a fair benchmark must still decode every step.
+    with torch.no_grad():
+        work.model.output.weight[2] += 10.0
+    source = bench.random_tokens((2, 7), 50, seed=0)
+    assert bench.count_decoder_calls(work, source, 7) == 7
+    assert work.model.eos_id == 2
+
+
+def test_bench_quick_writes_json_with_ratios_and_markdown(tmp_path, monkeypatch):
+    out = tmp_path / "bench.json"
+    argv = [
+        "--quick",
+        "--pe=nonepe,sinpe",
+        "--model=tiny",
+        "--vocab=64",
+        "--tokens=128",
+        "--decode-batch=2",
+        "--threads=1",
+        "--no-memory",  # it reconfigures malloc for the rest of the process
+        f"--out={out}",
+    ]
+    monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "scripts" / "bench.py"), run_name="__main__")
+    assert done.value.code == 0
+    result = json.loads(out.read_text())
+    assert result["settings"]["lengths"] == [64]
+    assert result["settings"]["repeats"] == 1
+    assert result["machine"]["torch_threads"] == 1
+    assert result["errors"] == {}
+    for kind in ("train", "decode"):
+        assert set(result["summary"][kind]) == {"nonepe", "sinpe"}
+        assert result["summary"][kind]["nonepe"]["64"]["ratio"] == 1.0
+        assert result["summary"][kind]["sinpe"]["64"]["ratio"] > 0
+        assert len(result["samples_s"][kind]["sinpe"]["64"]) == 1
+    assert result["memory_mb"] is None
+    report = out.with_suffix(".md").read_text()
+    assert "| sinpe |" in report and "(1.00)" in report
+    assert "<= 1.10" in report  # sinpe's target is printed (no verdict: L=128 not measured)
+
+
+def test_target_verdicts():
+    summary = {"train": {"rope": {"128": {"ratio": 1.05}}, "cope": {"128": {"ratio": 2.5}}}}
+    assert bench.target_verdict("rope", summary) == (1.10, "pass")
+    assert bench.target_verdict("cope", summary) == (2.0, "miss")
+    assert bench.target_verdict("nonepe", summary) == (None, "-")
+
+
+LENGTH, HEADS, WIDTH = 16, 4, 32  # positions plotted; configs/model/tiny.yaml
+
+
+def test_plot_pe_script_writes_png_and_npz(tmp_path):
+    drawn = [name for name in ("nonepe", "rope") if name in PE_NAMES]
+    argv = ["pe=" + ",".join(drawn), f"--out={tmp_path}", f"--length={LENGTH}", "--model=tiny"]
+    assert plot_pe.main(argv) == 0
+    for name in drawn:
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        arrays = np.load(tmp_path / f"{name}.npz")
+        assert arrays["embed_encoder"].shape == (LENGTH, WIDTH)
+        assert arrays["decoder_weights_random"].shape == (HEADS, LENGTH, LENGTH)
+
+
+@pytest.mark.parametrize("name", PLOTTED)
+def test_plotted_arrays(name):
+    model = build_named_model(name, "tiny")
+    arrays = plot_pe.encoding_view(name, LENGTH, model).arrays()
+    assert arrays["embed_encoder"].shape == arrays["embed_decoder"].shape == (LENGTH, WIDTH)
+    for site, query in (("encoder", LENGTH // 2), ("decoder", LENGTH - 1)):
+        assert int(arrays[f"{site}_query"]) == query
+        assert arrays[f"{site}_distance"].shape == (LENGTH,)
+        assert arrays[f"{site}_logweight"].shape == (HEADS, LENGTH)
+        for kind in ("constant", "random"):
+            weights = arrays[f"{site}_weights_{kind}"]
+            assert weights.shape == (HEADS, LENGTH, LENGTH)
+            np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    # The decoder never attends to later keys.
+    assert np.isnan(arrays["decoder_logweight"][:, arrays["decoder_distance"] < 0]).all()
+    if name == "nonepe":
+        assert not arrays["embed_encoder"].any()
+        np.testing.assert_allclose(np.nan_to_num(arrays["encoder_logweight"]), 0, atol=1e-5)
+    if name == "sinpe":
+        assert np.abs(arrays["embed_encoder"]).max() > 0.5
+    if name == "alibi":  # the bias is the paper's -m |i - j|, one slope per head
+        bias = arrays["encoder_bias"]
+        assert bias.shape == (HEADS, LENGTH)
+        distance = np.abs(arrays["encoder_distance"])
+        assert (bias[:, distance == 0] == 0).all()
+        slopes = -bias[:, distance > 0] / distance[distance > 0]
+        np.testing.assert_allclose(slopes, np.broadcast_to(slopes[:, :1], slopes.shape))
+        assert (slopes > 0).all()
+    if name == "rope":  # q . q rotated: largest at distance 0, symmetric in the encoder
+        mean = arrays["encoder_rotary_mean"]
+        assert mean.shape == arrays["decoder_rotary_score"].shape == (LENGTH,)
+        assert np.argmax(mean) == LENGTH // 2
+        np.testing.assert_allclose(mean[1:], mean[1:][::-1], atol=1e-4)
