@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torch
+from conftest import PE_NAMES, ROOT, SMOKE, compose
 from omegaconf import open_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import PE_NAMES, ROOT, SMOKE, compose
 from posenc import train as train_module
 from posenc.cli import run
 from posenc.metrics import bleu_chrf

@@ -1,6 +1,7 @@
 """The README stays true: its encodings table is the one the code generates."""
 
 from conftest import ROOT
+
 from posenc.encodings.table import encodings_table, with_table
 
 

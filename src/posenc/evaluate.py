@@ -224,7 +224,7 @@ def variant_model(
 
 
 def evaluate(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Evaluate the run in ``run_dir`` on ``cfg.eval.splits``; writes and returns ``metrics.json``."""
+    """Evaluate ``run_dir`` on ``cfg.eval.splits``; writes and returns ``metrics.json``."""
     device = resolve_device(cfg.device)
     tokenizer, model, step, path = load_run_model(run_dir, cfg, cfg.eval.checkpoint, device)
     corpora = load_corpora(cfg.data)

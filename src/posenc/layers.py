@@ -31,7 +31,8 @@ class LayerSpec:
     def __post_init__(self) -> None:
         if self.activation not in _ACTIVATIONS:
             raise ValueError(
-                f"model.activation={self.activation!r} is unknown; use one of {sorted(_ACTIVATIONS)}"
+                f"model.activation={self.activation!r} is unknown; "
+                f"use one of {sorted(_ACTIVATIONS)}"
             )
 
 

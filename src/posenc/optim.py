@@ -31,7 +31,8 @@ def lr_factor(
 ) -> Callable[[int], float]:
     """Multiplier of the peak learning rate at optimizer step ``step`` (0-based).
 
-    * ``inverse_sqrt`` (fairseq): linear warmup to 1 over ``warmup`` steps, then ``sqrt(warmup/step)``;
+    * ``inverse_sqrt`` (fairseq): linear warmup to 1 over ``warmup`` steps, then
+      ``sqrt(warmup/step)``;
     * ``cosine``: warmup, then cosine decay to ``min_ratio`` at ``total``;
     * ``linear``: warmup, then linear decay to ``min_ratio`` at ``total``;
     * ``constant``: warmup, then 1.

@@ -387,8 +387,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                     log.warning("step %d: loss is %s; batch skipped", state.step + 1, step_loss)
                     continue
                 raise TrainingError(
-                    f"loss became {step_loss} at step {state.step + 1}; the last good checkpoint is "
-                    f"{ckpt_dir / 'last.pt'}; lower trainer.lr or set trainer.nan_policy=skip"
+                    f"loss became {step_loss} at step {state.step + 1}; the last good checkpoint "
+                    f"is {ckpt_dir / 'last.pt'}; lower trainer.lr or set trainer.nan_policy=skip"
                 )
             if t.clip_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)

@@ -157,7 +157,7 @@ class ForgettingEncoding(StackEncoding):
     """
 
     applies_to = "encoder and decoder self-attention (a forget gate per head and layer)"
-    encoder_form = "-|c_i - c_j| (paper is causal-only): the same gates forget both ways"
+    encoder_form = "-|c_i - c_j|: the same gates forget in both directions"
 
     def __init__(
         self, site: Site, d_model: int, n_heads: int, n_layers: int, init_std: float = 0.02

@@ -14,10 +14,12 @@ distances ``-k..0``); not cross-attention, whose source and target positions sha
 
 Nothing of shape ``(Lq, Lk, D)`` is built: ``q @ a^K^T`` gives the ``2k + 1`` distinct key
 terms per query, which are gathered into the logits by the ``(Lq, Lk)`` index table; the
-attention weights are summed into their distance buckets and the ``(B, H, Lq, 2k + 1)`` bucket
-masses multiply ``a^V``. The index table depends only on positions, so the stack builds it once
-per forward from ``q_pos``/``k_pos`` (which also serves cached decoding, where the single query
-sits at the newest position).
+attention weights are summed into their distance buckets (scatter_add) and the
+``(B, H, Lq, 2k + 1)`` bucket masses multiply ``a^V``. One-hot matmuls in place of the gather
+and the scatter_add were at most ~20% faster for those two steps on CPU at L=128, but need an
+``(Lq, Lk, 2k + 1)`` table. The index table depends only on positions, so the stack builds it
+once per forward from ``q_pos``/``k_pos`` (which also serves cached decoding, where the single
+query sits at the newest position).
 """
 
 from __future__ import annotations
