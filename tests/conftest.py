@@ -39,6 +39,10 @@ def tiny_model(
     return Seq2Seq(vocab, 0, 1, 2, spec, layers, layers, factory)
 
 
+# Tiny test models only lose from thread contention on small machines.
+torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)

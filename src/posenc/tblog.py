@@ -52,7 +52,9 @@ class RunLogger:
         log_dir.mkdir(parents=True, exist_ok=True)
         truncate_events(log_dir, resume_step, int(resume_seconds))
         self.writer = SummaryWriter(log_dir=str(log_dir))
-        self._last_second = {"train_loss": int(resume_seconds), "valid_loss": -1}
+        # seconds already logged before a resume (kept by the truncation); -1 for a new run
+        done = int(resume_seconds) if resume_step > 0 else -1
+        self._last_second = {"train_loss": done, "valid_loss": done}
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Log ``values`` (tag -> value) at training ``step``."""
