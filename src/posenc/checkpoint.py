@@ -1,33 +1,83 @@
 """Atomic checkpoints: written to a temporary file in the same directory, flushed to disk, then
-renamed over the old one, so a kill at any moment leaves the previous checkpoint intact."""
+renamed over the old one, so a kill at any moment leaves the previous checkpoint intact.
+
+``RUN/checkpoints/last.pt`` is the newest checkpoint; before it is replaced, the one it replaces
+becomes ``previous.pt`` (a hard link, so ``last.pt`` is complete at every moment). A kill during
+a save leaves a hidden ``.last.pt.XXXX.tmp`` behind, which :func:`remove_stale` deletes.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+PREVIOUS = "previous.pt"
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read; the message names the file and the way out."""
 
 
-def save_atomic(obj: Any, path: Path) -> None:
-    """``torch.save(obj)`` to ``path`` so that readers see the old file or the new one, never half."""
+def _fsync(handle) -> None:
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
+def save_atomic(obj: Any, path: Path, keep_previous: bool = False) -> None:
+    """``torch.save(obj)`` to ``path`` so that readers see the old file or the new one, never half.
+
+    With ``keep_previous``, the file being replaced first becomes ``previous.pt`` in the same
+    directory (``path`` itself stays complete throughout).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+            _fsync(handle)
+        if keep_previous and path.exists():
+            _link_over(path, path.with_name(PREVIOUS))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _link_over(source: Path, target: Path) -> None:
+    """Make ``target`` the same file as ``source`` (a hard link, or a copy where links are not
+    supported), replacing ``target`` atomically."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+def remove_stale(directory: Path) -> list[Path]:
+    """Delete the temporary files that a killed save left in ``directory``; returns them."""
+    stale = sorted(directory.glob(".*.tmp")) if directory.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+def _fallback(path: Path) -> str:
+    """Where to go from the unreadable checkpoint ``path``."""
+    for name in (PREVIOUS, "best.pt"):
+        other = path.with_name(name)
+        if other != path and other.is_file():
+            return (
+                f"resume from the one before with trainer.resume={other}, "
+                f"or delete {path.name} to start over"
+            )
+    return "delete it to start over, or resume from another one with trainer.resume=PATH"
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -38,9 +88,10 @@ def load(path: Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:
         raise CheckpointError(
-            f"checkpoint {path} is corrupt or truncated ({type(err).__name__}); delete it to start "
-            f"over, or resume from another one with trainer.resume=PATH (e.g. {path.parent}/best.pt)"
+            f"checkpoint {path} is corrupt or truncated ({type(err).__name__}); {_fallback(path)}"
         ) from err
     if not isinstance(state, dict) or "model" not in state:
-        raise CheckpointError(f"checkpoint {path} holds no posenc model state; is it a posenc run?")
+        raise CheckpointError(
+            f"checkpoint {path} holds no posenc model state; is it a posenc run? {_fallback(path)}"
+        )
     return state

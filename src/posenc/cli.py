@@ -1,5 +1,8 @@
 """What ``python train.py ...`` does for one Hydra job: prepare the run directory, train (or
-resume), evaluate, and record the outcome. Errors a user can fix end the job with one line."""
+resume), evaluate, and record the outcome. Errors a user can fix end the job with one line.
+
+Under ``torchrun --nproc_per_node=N train.py ...`` every rank runs this: all train together,
+rank 0 alone writes the run directory and evaluates (see :mod:`posenc.distributed`)."""
 
 from __future__ import annotations
 
@@ -14,10 +17,11 @@ from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from posenc import distributed
 from posenc.checkpoint import CheckpointError
 from posenc.data import DataError
 from posenc.evaluate import evaluate
-from posenc.train import TrainingError, train
+from posenc.train import TrainingError, resolve_device, train
 
 log = logging.getLogger("posenc")
 
@@ -44,33 +48,73 @@ def hydra_job() -> tuple[Path, bool]:
     return Path(hydra_cfg.runtime.output_dir), hydra_cfg.mode == RunMode.MULTIRUN
 
 
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def finished_metrics(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
+    """The metrics of a run in ``run_dir`` that is trained to the budget of ``cfg`` and
+    evaluated at its last step, or None when something is missing or unfinished."""
+    metrics = _read_json(run_dir / "metrics.json")
+    summary = _read_json(run_dir / "train_summary.json")
+    if metrics is None or summary is None or metrics.get("step") != summary.get("steps"):
+        return None
+    t = cfg.trainer
+    steps, seconds = summary.get("steps", 0), summary.get("train_seconds", 0.0)
+    spent = (t.max_steps is not None and steps >= t.max_steps) or (
+        t.max_time is not None and seconds >= t.max_time
+    )
+    return metrics if spent else None
+
+
 def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any] | None:
     """Train and evaluate one configuration in ``run_dir``.
 
-    A user error (bad data, corrupt checkpoint, NaN loss, impossible config) is logged as one
-    line and recorded in ``failed.json``; a single run then exits with status 1, while a
-    multirun goes on with its other jobs.
+    A run that is already trained and evaluated returns its metrics at once; an unfinished
+    one resumes; a failed one is tried again. A user error (bad data, corrupt checkpoint, NaN
+    loss, impossible config) is logged as one line and recorded in ``failed.json``; a single run
+    then exits with status 1, while a multirun goes on with its other jobs. Under torchrun the
+    ranks train together and rank 0 returns the metrics (the others return None).
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _absolute_paths(cfg)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    metrics_path = run_dir / "metrics.json"
-    failure_path = run_dir / "failed.json"
-    failure_path.unlink(missing_ok=True)
     try:
-        summary = train(cfg, run_dir)
-        if (
-            metrics_path.exists()
-            and json.loads(metrics_path.read_text()).get("step") == summary["steps"]
-        ):
+        return _run(cfg, run_dir, multirun)
+    finally:
+        distributed.teardown()
+
+
+def _run(cfg: DictConfig, run_dir: Path, multirun: bool) -> dict[str, Any] | None:
+    _absolute_paths(cfg)
+    failure_path = run_dir / "failed.json"
+    try:
+        distributed.setup(resolve_device(cfg.device))
+        if distributed.is_main():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+            failure_path.unlink(missing_ok=True)
+        done = finished_metrics(cfg, run_dir)
+        if done is not None:
             log.info("%s is already trained and evaluated; nothing to do", run_dir)
-            return json.loads(metrics_path.read_text())
+            return done if distributed.is_main() else None
+        summary = train(cfg, run_dir)
+        if not distributed.is_main():
+            return None
+        metrics = _read_json(run_dir / "metrics.json")
+        if metrics is not None and metrics.get("step") == summary["steps"]:
+            log.info("%s is already trained and evaluated; nothing to do", run_dir)
+            return metrics
         if not cfg.eval.enabled:
             return None
         metrics = evaluate(cfg, run_dir)
     except USER_ERRORS as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        failure_path.write_text(json.dumps({"error": type(err).__name__, "message": message}))
+        if distributed.is_main():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            failure_path.write_text(json.dumps({"error": type(err).__name__, "message": message}))
         log.error("%s: %s", type(err).__name__, message)
         if multirun:
             return None  # the sweep goes on; the report lists this run as failed

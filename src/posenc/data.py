@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,9 @@ from torch import Tensor
 log = logging.getLogger("posenc.data")
 
 HELD_OUT = ("valid", "test")
+MAX_LINE_CHARS = 10_000  # longer lines are broken input (no sentence is this long): dropped
+# Control characters that are not whitespace (whitespace ones, tab or CR, become spaces)
+CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
 CLEAN_FILTERS = ("empty", "length", "ratio", "duplicate")
 CLEAN_SETTINGS = ("min_words", "max_words", "max_ratio", "dedup")
 
@@ -150,11 +154,22 @@ def _prepare(splits: dict[str, Corpus], cfg: dict) -> dict[str, Corpus]:
 
 
 def _drop_empty(corpus: Corpus) -> Corpus:
-    """``corpus`` without pairs that have an empty side; logs how many went."""
-    keep = [i for i, (s, t) in enumerate(zip(corpus.src, corpus.tgt, strict=True)) if s and t]
+    """``corpus`` without pairs that have an empty side or a side longer than
+    :data:`MAX_LINE_CHARS` characters; logs how many went."""
+    pairs = list(zip(corpus.src, corpus.tgt, strict=True))
+    keep = [i for i, (s, t) in enumerate(pairs) if s and t]
     dropped = len(corpus) - len(keep)
     if dropped:
         log.info("%s: dropped %d pairs with an empty side", corpus.name, dropped)
+    short = [i for i in keep if max(len(pairs[i][0]), len(pairs[i][1])) <= MAX_LINE_CHARS]
+    if len(short) < len(keep):
+        log.warning(
+            "%s: dropped %d pairs with a side over %d characters (broken lines?)",
+            corpus.name,
+            len(keep) - len(short),
+            MAX_LINE_CHARS,
+        )
+        keep = short
     if not keep:
         raise DataError(
             f"split {corpus.name!r} has no pair with two non-empty sides ({dropped} empty); "
@@ -164,8 +179,9 @@ def _drop_empty(corpus: Corpus) -> Corpus:
 
 
 def _normalise(line: str) -> str:
-    """Whitespace runs (any Unicode whitespace, e.g. NBSP) to one space, ends stripped."""
-    return " ".join(line.split())
+    """Whitespace runs (any Unicode whitespace, e.g. NBSP or tab) to one space, ends stripped;
+    other control characters (NUL, ESC, ...) removed."""
+    return " ".join(CONTROL.sub("", line).split())
 
 
 def _check_extra_names(extra: Mapping) -> None:
@@ -181,7 +197,8 @@ def read_lines(path: Path) -> list[str]:
     """The lines of a UTF-8 text file, whitespace-normalised (empty lines kept as ``""``).
 
     Lines are split on ``\\n`` only (so alignment never depends on other Unicode line breaks);
-    a UTF-8 byte-order mark is ignored.
+    a UTF-8 byte-order mark is ignored; control characters other than whitespace are removed
+    (the lines that had some are counted in a warning). An empty file is refused.
     """
     if not path.is_file():
         raise DataError(
@@ -199,6 +216,11 @@ def read_lines(path: Path) -> list[str]:
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
+    if not lines:
+        raise DataError(f"data file {path} is empty; check it (a failed download?) or its stem")
+    dirty = sum(1 for line in lines if CONTROL.search(line))
+    if dirty:
+        log.warning("%s: removed control characters from %d lines", path, dirty)
     return [_normalise(line) for line in lines]
 
 

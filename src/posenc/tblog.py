@@ -22,8 +22,12 @@ def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
     """Drop events logged after ``max_step`` (step tags) or ``max_seconds`` (``time/`` tags).
 
     Every event file in ``log_dir`` is rewritten to a temporary file and renamed over the
-    original. Returns how many scalar events were dropped.
+    original (a truncation killed half-way leaves a temporary file, deleted here the next time).
+    A record cut short by a kill ends its file's events. Returns how many scalar events were
+    dropped.
     """
+    for stale in log_dir.glob(".events.out.tfevents.*.tmp"):
+        stale.unlink(missing_ok=True)
     dropped = 0
     for path in sorted(log_dir.glob("events.out.tfevents.*")):
         kept: list[bytes] = []

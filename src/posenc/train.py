@@ -1,10 +1,17 @@
 """The training loop: data -> tokenizer -> token-bucketed batches -> model -> loss -> logs and
 checkpoints. A run directory holds everything a run needs to resume or be evaluated:
-``config.yaml``, ``tokenizer/``, ``checkpoints/{last,best}.pt``, ``tb/`` and ``train_summary.json``.
+``config.yaml``, ``tokenizer/``, ``checkpoints/{last,previous,best}.pt``, ``tb/`` and
+``train_summary.json``.
+
+Under torchrun (see :mod:`posenc.distributed`) every rank trains a DistributedDataParallel copy
+of the model on its own share of the batches; the loss is normalised by the target tokens of the
+whole step over all ranks, so an update equals one process's update on the union of the ranks'
+batches. Rank 0 alone validates and writes files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -20,16 +27,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from posenc import checkpoint
+from posenc import checkpoint, distributed
 from posenc.data import Corpus, TokenBatcher, collate, load_corpora
 from posenc.encodings import encoding_factory
 from posenc.layers import LayerSpec
 from posenc.model import Seq2Seq, count_parameters
 from posenc.optim import lr_factor, make_optimizer
+from posenc.schema import check_types
 from posenc.tblog import RunLogger
-from posenc.tokenizer import Tokenizer, build_tokenizer
+from posenc.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
 
 log = logging.getLogger("posenc.train")
 
@@ -51,14 +60,22 @@ class TrainState:
     skipped_batches: int = 0
     peak_memory_mb: float = 0.0
     finished: bool = False
+    world_size: int = 1  # processes that trained together (batch_in_epoch counts one's batches)
     history: list[dict[str, float]] = field(default_factory=list)
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when present, else CPU; otherwise the named device."""
+    """``auto`` -> CUDA when present, else CPU; otherwise the named device (ValueError when
+    the name is unknown or names CUDA on a machine without it)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device={name!r} is unknown; use auto, cpu, cuda or cuda:N") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name} but this machine has no CUDA device; use device=auto")
+    return device
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -109,17 +126,19 @@ def build_model(cfg: DictConfig, vocab_size: int, pad_id: int, bos_id: int, eos_
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Refuse impossible settings before any data is read, by building a throw-away model."""
-    try:
-        build_model(cfg, vocab_size=8, pad_id=0, bos_id=1, eos_id=2)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"invalid configuration: {err}") from err
+    """Refuse wrong types and impossible settings before any data is read: check the types and
+    ranges of :mod:`posenc.schema`, then build a throw-away model and run it on three tokens."""
+    check_types(OmegaConf.to_container(cfg, resolve=True))
     t = cfg.trainer
-    for key in ("max_tokens", "accumulate", "valid_every"):
-        if t[key] is None or t[key] < 1:
-            raise ValueError(f"trainer.{key}={t[key]} must be a positive integer")
     if t.max_steps is None and t.max_time is None:
         raise ValueError("set a budget: trainer.max_steps and/or trainer.max_time (seconds)")
+    lr_factor(t.schedule, t.warmup_steps, t.max_steps or 100_000, t.min_lr_ratio)
+    try:
+        model = build_model(cfg, vocab_size=8, pad_id=0, bos_id=1, eos_id=2)
+        with torch.no_grad():
+            model(torch.tensor([[3, 4, 2]]), torch.tensor([[1, 5, 6]]))
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"invalid configuration: {err}") from err
 
 
 @dataclass
@@ -154,11 +173,18 @@ def encode_pairs(
 
 
 def prepare(cfg: DictConfig, run_dir: Path) -> tuple[Tokenizer, EncodedData]:
-    """Load and clean the corpora, build (or reuse) the tokenizer, encode train and valid."""
+    """Load and clean the corpora, build (or reuse) the tokenizer, encode train and valid.
+
+    Under torchrun rank 0 builds the tokenizer and saves it in ``run_dir/tokenizer``; the other
+    ranks wait for it there and load it."""
     corpora = load_corpora(cfg.data)
-    cache_dir = Path(cfg.cache_dir).expanduser()
-    tokenizer = build_tokenizer(cfg.tokenizer, corpora["train"], cache_dir)
-    tokenizer.save(run_dir / "tokenizer")
+    if distributed.is_main():
+        cache_dir = Path(cfg.cache_dir).expanduser()
+        tokenizer = build_tokenizer(cfg.tokenizer, corpora["train"], cache_dir)
+        tokenizer.save(run_dir / "tokenizer")
+    distributed.barrier()
+    if not distributed.is_main():
+        tokenizer = load_tokenizer(run_dir / "tokenizer")
     train_src, train_tgt, dropped = encode_pairs(
         tokenizer, corpora["train"], cfg.trainer.max_positions
     )
@@ -254,13 +280,26 @@ def _checkpoint_payload(model, optimizer, scheduler, state: TrainState, cfg: Dic
 
 def _restore(path: Path, model, optimizer, scheduler) -> TrainState:
     payload = checkpoint.load(path)
-    model.load_state_dict(payload["model"])
-    optimizer.load_state_dict(payload["optimizer"])
-    scheduler.load_state_dict(payload["scheduler"])
-    torch.set_rng_state(payload["rng"]["torch"])
-    random.setstate(payload["rng"]["python"])
-    np.random.set_state(payload["rng"]["numpy"])
-    return TrainState(**payload["state"])
+    try:
+        model.load_state_dict(payload["model"])
+        optimizer.load_state_dict(payload["optimizer"])
+        scheduler.load_state_dict(payload["scheduler"])
+        torch.set_rng_state(payload["rng"]["torch"])
+        random.setstate(payload["rng"]["python"])
+        np.random.set_state(payload["rng"]["numpy"])
+        return TrainState(**payload["state"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 and lines[0].endswith(":") else str(err)
+        raise checkpoint.CheckpointError(
+            f"checkpoint {path} does not fit this run ({type(err).__name__}: {detail[:200]}); "
+            "was it written with other model or pe settings? Point trainer.resume elsewhere"
+        ) from err
+
+
+def _rank_seed(seed: int, rank: int, step: int) -> int:
+    """The torch seed of rank ``rank`` > 0 from ``step`` on, so ranks draw different dropout."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
 
 
 def _resume_path(cfg: DictConfig, run_dir: Path) -> Path | None:
@@ -277,14 +316,42 @@ def _budget_spent(state: TrainState, cfg: DictConfig) -> bool:
     )
 
 
+def _nan_message(step_loss: float, step: int, last: Path) -> str:
+    """What to do when the loss of optimizer step ``step`` is not finite."""
+    if last.exists():
+        return (
+            f"loss became {step_loss} at step {step}; lower trainer.lr or set "
+            f"trainer.nan_policy=skip, with trainer.resume={last} to go on from the last good "
+            "checkpoint"
+        )
+    return (
+        f"loss became {step_loss} at step {step}, before any checkpoint; lower trainer.lr or "
+        "set trainer.nan_policy=skip"
+    )
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Train (or resume) the run in ``run_dir``; returns the training summary."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Train (or resume) the run in ``run_dir``; returns the training summary.
+
+    Under torchrun every rank calls this; rank 0 alone writes to ``run_dir``."""
     check_config(cfg)
+    main, rank, world = distributed.is_main(), distributed.rank(), distributed.world_size()
+    ckpt_dir = run_dir / "checkpoints"
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in checkpoint.remove_stale(ckpt_dir):
+            log.info("removed %s, left by a save that was killed", stale.name)
     seed_everything(cfg.seed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
+    device = distributed.local_device(resolve_device(cfg.device))
     amp = autocast_dtype(cfg.trainer.precision, device)
     tokenizer, data = prepare(cfg, run_dir)
     model = build_model(
@@ -307,52 +374,69 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             state.step,
             state.train_seconds,
         )
+    if state.world_size != world:  # resumed with another number of processes: same place
+        state.batch_in_epoch = state.batch_in_epoch * state.world_size // world
+        state.world_size = world
     if state.finished and not _budget_spent(state, cfg):
         state.finished = False  # the budget was raised: go on
-    logger = RunLogger(run_dir / "tb", state.step, state.train_seconds)
+    if rank > 0:
+        torch.manual_seed(_rank_seed(cfg.seed, rank, state.step))
+    trained = model
+    if world > 1:
+        trained = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    logger = RunLogger(run_dir / "tb", state.step, state.train_seconds) if main else None
     batcher = TokenBatcher(
         [len(s) for s in data.train_src],
         [len(t_) for t_ in data.train_tgt],
         t.max_tokens,
         seed=cfg.seed,
+        rank=rank,
+        world_size=world,
     )
     n_params = count_parameters(model)
     log.info(
-        "model: %s parameters; pe=%s; device=%s; effective batch <= %d tokens x %d accumulation",
+        "model: %s parameters; pe=%s; device=%s; effective batch <= %d tokens "
+        "(max_tokens %d x accumulate %d x %d processes)",
         f"{n_params:,}",
         cfg.pe.name,
         device,
+        t.max_tokens * t.accumulate * world,
         t.max_tokens,
         t.accumulate,
+        world,
     )
-    ckpt_dir = run_dir / "checkpoints"
 
     def save(best: bool) -> None:
         payload = _checkpoint_payload(model, optimizer, scheduler, state, cfg)
-        checkpoint.save_atomic(payload, ckpt_dir / "last.pt")
+        checkpoint.save_atomic(payload, ckpt_dir / "last.pt", keep_previous=True)
         if best:
             checkpoint.save_atomic(payload, ckpt_dir / "best.pt")
 
     def validate() -> None:
-        loss = validation_loss(
-            model, data.valid_src, data.valid_tgt, tokenizer, t.max_tokens, device, amp
-        )
-        best = loss < state.best_valid_loss
-        state.best_valid_loss = min(loss, state.best_valid_loss)
-        state.history.append(
-            {"step": state.step, "seconds": state.train_seconds, "valid_loss": loss}
-        )
-        logger.scalars(state.step, {"valid/loss": loss})
-        logger.against_time("valid_loss", loss, state.train_seconds)
-        logger.writer.flush()
-        save(best)
-        bar.write(f"step {state.step}: valid loss {loss:.4f}{' (best)' if best else ''}")
+        """Rank 0 computes the validation loss, logs it and checkpoints; the others wait."""
+        if logger is not None:
+            loss = validation_loss(
+                model, data.valid_src, data.valid_tgt, tokenizer, t.max_tokens, device, amp
+            )
+            best = loss < state.best_valid_loss
+            state.best_valid_loss = min(loss, state.best_valid_loss)
+            state.history.append(
+                {"step": state.step, "seconds": state.train_seconds, "valid_loss": loss}
+            )
+            logger.scalars(state.step, {"valid/loss": loss})
+            logger.against_time("valid_loss", loss, state.train_seconds)
+            logger.writer.flush()
+            save(best)
+            bar.write(f"step {state.step}: valid loss {loss:.4f}{' (best)' if best else ''}")
+        distributed.barrier()  # so no rank counts this wait as training time
 
     model.train()
     bar = tqdm(
         total=t.max_steps,
         initial=state.step,
-        disable=not t.progress,
+        disable=not (t.progress and main),
         desc=f"{cfg.pe.name}",
         dynamic_ncols=True,
     )
@@ -367,49 +451,53 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 _to_device(_collate(ix, data.train_src, data.train_tgt, tokenizer), device)
                 for ix in group
             ]
-            n_tokens = sum(int(b[2].ne(tokenizer.pad_id).sum()) for b in micro)
+            local_tokens = sum(int(b[2].ne(tokenizer.pad_id).sum()) for b in micro)
+            n_tokens = int(distributed.all_reduce([local_tokens], device)[0])
             optimizer.zero_grad(set_to_none=True)
             loss_sum = 0.0
-            for batch in micro:
-                with torch.autocast(
-                    device.type, dtype=amp or torch.float32, enabled=amp is not None
-                ):
-                    loss, _, _ = token_loss(model, batch, tokenizer.pad_id, t.label_smoothing)
-                if state.step % t.log_every == 0:  # activations are alive: near the step's peak
-                    state.peak_memory_mb = max(state.peak_memory_mb, memory_mb(device))
-                (loss / n_tokens).backward()
+            for i, batch in enumerate(micro):
+                # DDP averages gradients over ranks: scale by world / global tokens, and
+                # all-reduce once per step (after the last micro-batch) only.
+                last = i == len(micro) - 1
+                with contextlib.nullcontext() if last or world == 1 else trained.no_sync():
+                    with torch.autocast(
+                        device.type, dtype=amp or torch.float32, enabled=amp is not None
+                    ):
+                        loss, _, _ = token_loss(trained, batch, tokenizer.pad_id, t.label_smoothing)
+                    if state.step % t.log_every == 0:  # activations are alive: near the peak
+                        state.peak_memory_mb = max(state.peak_memory_mb, memory_mb(device))
+                    (loss * world / n_tokens).backward()
                 loss_sum += float(loss.detach())
-            step_loss = loss_sum / n_tokens
+            step_loss = distributed.all_reduce([loss_sum], device)[0] / n_tokens
             if not math.isfinite(step_loss):
                 if t.nan_policy == "skip":
                     state.skipped_batches += 1
                     optimizer.zero_grad(set_to_none=True)
                     log.warning("step %d: loss is %s; batch skipped", state.step + 1, step_loss)
                     continue
-                raise TrainingError(
-                    f"loss became {step_loss} at step {state.step + 1}; the last good checkpoint "
-                    f"is {ckpt_dir / 'last.pt'}; lower trainer.lr or set trainer.nan_policy=skip"
-                )
+                raise TrainingError(_nan_message(step_loss, state.step + 1, ckpt_dir / "last.pt"))
             if t.clip_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
             optimizer.step()
             scheduler.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - started
+            elapsed = distributed.all_reduce([time.perf_counter() - started], device, "max")[0]
             state.step += 1
             state.train_seconds += elapsed
             state.tokens += n_tokens
             window_tokens += n_tokens
             window_time += elapsed
-            logger.against_time("train_loss", step_loss, state.train_seconds)
+            if logger is not None:
+                logger.against_time("train_loss", step_loss, state.train_seconds)
             if state.step % t.log_every == 0:
                 lr = scheduler.get_last_lr()[0]
                 speed = window_tokens / max(window_time, 1e-9)
-                logger.scalars(
-                    state.step,
-                    {"train/loss": step_loss, "train/lr": lr, "train/tokens_per_s": speed},
-                )
+                if logger is not None:
+                    logger.scalars(
+                        state.step,
+                        {"train/loss": step_loss, "train/lr": lr, "train/tokens_per_s": speed},
+                    )
                 bar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}")
                 window_tokens, window_time = 0, 0.0
             bar.update(1)
@@ -418,10 +506,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         if state.batch_in_epoch >= len(batches):
             state.epoch += 1
             state.batch_in_epoch = 0
-    if not state.history or state.history[-1]["step"] != state.step:
+    unvalidated = main and (not state.history or state.history[-1]["step"] != state.step)
+    if distributed.all_reduce([float(unvalidated)], device, "max")[0]:  # rank 0 decides
         validate()
     state.finished = True
-    save(best=False)
     bar.close()
     summary = {
         "steps": state.step,
@@ -430,13 +518,17 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "train_tokens": state.tokens,
         "train_tokens_per_s": round(state.tokens / max(state.train_seconds, 1e-9), 1),
         "best_valid_loss": state.best_valid_loss,
-        "final_valid_loss": state.history[-1]["valid_loss"],
+        "final_valid_loss": state.history[-1]["valid_loss"] if state.history else None,
         "skipped_batches": state.skipped_batches,
         "parameters": n_params,
         "peak_memory_mb": round(state.peak_memory_mb, 1),
         "device": str(device),
+        "processes": world,
         "train_pairs": len(data.train_src),
     }
-    (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    logger.close()
+    if logger is not None:
+        save(best=False)
+        _write_json(run_dir / "train_summary.json", summary)
+        logger.close()
+    distributed.barrier()  # the others leave once rank 0 has saved the final checkpoint
     return summary

@@ -1,0 +1,150 @@
+"""Data-parallel training with ``torchrun`` (gloo on the CPU): two processes train exactly like
+one process that sees the union of their batches, and a distributed run resumes after a crash.
+
+The batcher gives rank ``r`` of 2 the batches ``r::2`` of each epoch, so step k of two ranks
+with ``accumulate=1`` uses batches (2k, 2k+1): the same pair as step k of one process with
+``accumulate=2``. With dropout off (``model=tiny``), the losses and parameters must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, SMOKE, compose
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from posenc.cli import run
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="torch built without torch.distributed"
+)
+
+OVERRIDES = (
+    *SMOKE,
+    "pe=rope",
+    "trainer.max_steps=4",
+    "trainer.valid_every=2",
+    "trainer.log_every=1",
+    "eval.enabled=false",
+)
+
+
+def torchrun(run_dir: Path, *overrides: str, procs: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node=procs train.py ...`` writing to ``run_dir``."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={procs}",
+            str(ROOT / "train.py"),
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=run_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def wait_for(path: Path, job: subprocess.Popen, timeout: float = 300) -> None:
+    """Poll until ``path`` exists; fail if ``job`` ends first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert job.poll() is None, f"the job ended (status {job.returncode}) before {path}"
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.02)
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars("train/loss")}
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["model"]
+
+
+def test_two_processes_train_like_one_process_on_the_union_of_their_batches(tmp_path):
+    single = tmp_path / "single"
+    run(compose(*OVERRIDES, "trainer.accumulate=2"), single)
+    ddp = tmp_path / "ddp"
+    result = torchrun(ddp, *OVERRIDES, "trainer.accumulate=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    assert (
+        "effective batch <= 1024 tokens (max_tokens 512 x accumulate 1 x 2 processes)"
+        in (ddp / "train.log").read_text()
+    )
+    reference, summary = (json.loads((d / "train_summary.json").read_text()) for d in (single, ddp))
+    assert summary["processes"] == 2 and summary["steps"] == reference["steps"] == 4
+    assert summary["train_tokens"] == reference["train_tokens"]  # the same global batches
+    losses, expected = train_losses(ddp), train_losses(single)
+    assert sorted(losses) == [1, 2, 3, 4]
+    for step, loss in expected.items():
+        assert losses[step] == pytest.approx(loss, rel=1e-5), step
+    weights, reference_weights = final_weights(ddp), final_weights(single)
+    assert weights.keys() == reference_weights.keys()
+    for name, value in reference_weights.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    assert len(list((ddp / "tb").glob("events.out.tfevents.*"))) == 1  # rank 0's only
+
+
+@pytest.mark.slow
+def test_a_killed_distributed_run_resumes_to_the_same_result(tmp_path):
+    overrides = (*OVERRIDES, "trainer.max_steps=12")
+    killed = tmp_path / "killed"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "train.py"),
+        *overrides,
+        f"hydra.run.dir={killed}",
+    ]
+    job = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(killed / "checkpoints" / "last.pt", job)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # torchrun and both ranks, like `kill -9` of the job
+        job.wait()
+    assert not (killed / "train_summary.json").exists(), "the run ended before it was killed"
+
+    result = torchrun(killed, *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in (killed / "train.log").read_text()
+    assert json.loads((killed / "train_summary.json").read_text())["steps"] == 12
+    assert sorted(train_losses(killed)) == list(range(1, 13))  # no step lost or logged twice
+
+    single = tmp_path / "single"
+    run(compose(*overrides, "trainer.accumulate=2"), single)
+    expected = final_weights(single)
+    for name, value in final_weights(killed).items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+
+    # Go on in one process: it continues where the two ranks stopped in the epoch.
+    for run_dir in (killed, single):
+        run(compose(*OVERRIDES, "trainer.max_steps=14", "trainer.accumulate=1"), run_dir)
+    assert sorted(train_losses(killed)) == list(range(1, 15))
+    expected = final_weights(single)
+    for name, value in final_weights(killed).items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-4, atol=1e-5, msg=name)

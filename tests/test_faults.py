@@ -1,0 +1,289 @@
+"""Faults a run survives or refuses clearly: ``kill -9`` at any moment (during a checkpoint save
+too), corrupt or truncated checkpoints, a NaN loss, and wrong or impossible settings, which stop
+the run with one line before any data is read."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, SMOKE, compose
+from omegaconf import open_dict
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from posenc import checkpoint
+from posenc import train as train_module
+from posenc.cli import run
+
+OVERRIDES = (
+    *SMOKE,
+    "pe=nonepe",
+    "trainer.valid_every=2",
+    "trainer.log_every=1",
+    "eval.enabled=false",
+)
+
+
+def logged_steps(run_dir: Path, tag: str = "train/loss") -> list[int]:
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """``python train.py ...`` in the background, writing to ``run_dir``."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def wait_for(done: Callable[[], bool], job: subprocess.Popen, timeout: float = 300) -> None:
+    """Poll until ``done()``; fail if ``job`` ends first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert job.poll() is None, f"the job ended (status {job.returncode}) too early"
+        assert time.monotonic() < deadline, f"still waiting after {timeout} s"
+        time.sleep(0.01)
+
+
+def starts(run_dir: Path) -> int:
+    """How many times training has started in ``run_dir`` (lines of its log)."""
+    log = run_dir / "train.log"
+    return log.read_text().count("effective batch") if log.exists() else 0
+
+
+def kill(job: subprocess.Popen) -> None:
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+
+
+def saved_step(path: Path) -> int:
+    return torch.load(path, weights_only=False)["state"]["step"]
+
+
+def failure(run_dir: Path) -> str:
+    return json.loads((run_dir / "failed.json").read_text())["message"]
+
+
+# --- kill -9 ---------------------------------------------------------------------------------
+
+
+def test_a_run_killed_by_sigkill_resumes_with_every_step_logged_once(tmp_path):
+    overrides = (*OVERRIDES, "trainer.max_steps=40")
+    run_dir = tmp_path / "run"
+    job = start(run_dir, *overrides)
+    wait_for((run_dir / "checkpoints" / "last.pt").exists, job)
+    kill(job)
+    assert not (run_dir / "train_summary.json").exists(), "the run ended before it was killed"
+
+    run(compose(*overrides), run_dir)
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["steps"] == 40
+    assert logged_steps(run_dir) == list(range(1, 41))
+    assert logged_steps(run_dir, "valid/loss") == list(range(2, 41, 2))
+    seconds = logged_steps(run_dir, "time/train_loss")
+    assert seconds == sorted(set(seconds))
+
+
+@pytest.mark.slow
+def test_repeated_kills_at_random_moments_change_nothing(tmp_path):
+    """Killed five times at random moments (before, between and during checkpoint saves), the
+    run still ends with the weights of a run that was never interrupted."""
+    overrides = (*OVERRIDES, "trainer.max_steps=60", "trainer.valid_every=1")
+    killed = tmp_path / "killed"
+    rng = random.Random(0)
+    for attempt in range(5):
+        job = start(killed, *overrides)
+        wait_for(lambda n=attempt: starts(killed) > n, job)  # training starts
+        time.sleep(rng.uniform(0.0, 1.5))
+        kill(job)
+    run(compose(*overrides), killed)
+    straight = tmp_path / "straight"
+    run(compose(*overrides), straight)
+    assert logged_steps(killed) == logged_steps(straight) == list(range(1, 61))
+    expected = torch.load(straight / "checkpoints" / "last.pt", weights_only=False)["model"]
+    final = torch.load(killed / "checkpoints" / "last.pt", weights_only=False)["model"]
+    for name, value in expected.items():
+        torch.testing.assert_close(final[name], value, msg=name)
+    assert not list((killed / "checkpoints").glob(".*.tmp"))
+
+
+def test_the_temporary_file_of_a_killed_save_is_ignored_and_removed(tmp_path):
+    run(compose(*OVERRIDES, "trainer.max_steps=4"), tmp_path)
+    stray = tmp_path / "checkpoints" / ".last.pt.k1ll3d.tmp"
+    stray.write_bytes((tmp_path / "checkpoints" / "last.pt").read_bytes()[:1000])  # half-written
+    run(compose(*OVERRIDES, "trainer.max_steps=6"), tmp_path)
+    assert not stray.exists()
+    assert saved_step(tmp_path / "checkpoints" / "last.pt") == 6
+    assert logged_steps(tmp_path) == list(range(1, 7))
+
+
+def test_save_atomic_never_leaves_a_partial_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    checkpoint.save_atomic({"model": {}, "state": {"step": 1}}, path)
+    checkpoint.save_atomic({"model": {}, "state": {"step": 2}}, path, keep_previous=True)
+
+    def crash_half_way(obj, handle):
+        handle.write(b"PK\x03\x04 half a zip archive")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", crash_half_way)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_atomic({"model": {}, "state": {"step": 3}}, path, keep_previous=True)
+    monkeypatch.undo()
+    assert checkpoint.load(path)["state"]["step"] == 2  # untouched
+    assert checkpoint.load(tmp_path / "previous.pt")["state"]["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "previous.pt"]
+
+
+# --- corrupt checkpoints ---------------------------------------------------------------------
+
+
+def test_a_truncated_checkpoint_names_the_file_and_the_previous_one_resumes(tmp_path):
+    run(compose(*OVERRIDES, "trainer.max_steps=4"), tmp_path)
+    last = tmp_path / "checkpoints" / "last.pt"
+    previous = tmp_path / "checkpoints" / "previous.pt"
+    assert saved_step(previous) == 4  # the final save: the same step, another file
+    last.write_bytes(last.read_bytes()[:5000])
+    with pytest.raises(SystemExit):
+        run(compose(*OVERRIDES, "trainer.max_steps=6"), tmp_path)
+    message = failure(tmp_path)
+    assert message.startswith(f"checkpoint {last} is corrupt or truncated")
+    assert f"trainer.resume={previous}" in message
+
+    run(compose(*OVERRIDES, "trainer.max_steps=6", f"trainer.resume={previous}"), tmp_path)
+    assert saved_step(last) == 6
+    assert not (tmp_path / "failed.json").exists()
+
+
+def test_garbage_and_foreign_checkpoints_are_refused_with_the_file_name(tmp_path):
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(os.urandom(2000))
+    with pytest.raises(checkpoint.CheckpointError, match="garbage.pt is corrupt or truncated"):
+        checkpoint.load(garbage)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    with pytest.raises(checkpoint.CheckpointError, match="foreign.pt holds no posenc model"):
+        checkpoint.load(foreign)
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path):
+    run(compose(*OVERRIDES, "trainer.max_steps=2"), tmp_path / "small")
+    other = tmp_path / "small" / "checkpoints" / "last.pt"
+    with pytest.raises(SystemExit):
+        run(compose(*OVERRIDES, "model.d_model=64", f"trainer.resume={other}"), tmp_path / "big")
+    message = failure(tmp_path / "big")
+    assert f"checkpoint {other} does not fit this run" in message and "size mismatch" in message
+
+
+# --- NaN -------------------------------------------------------------------------------------
+
+
+def test_a_nan_loss_before_any_checkpoint_says_so(tmp_path, monkeypatch):
+    real_loss = train_module.token_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, nll, n = real_loss(*args, **kwargs)
+        return loss * float("nan"), nll, n
+
+    monkeypatch.setattr(train_module, "token_loss", nan_loss)
+    with pytest.raises(SystemExit):
+        run(compose(*OVERRIDES, "trainer.max_steps=4"), tmp_path)
+    assert failure(tmp_path) == (
+        "loss became nan at step 1, before any checkpoint; lower trainer.lr or set "
+        "trainer.nan_policy=skip"
+    )
+
+
+def test_a_nan_loss_after_a_checkpoint_names_the_step_and_the_checkpoint(tmp_path, monkeypatch):
+    real_loss = train_module.token_loss
+    calls = {"n": 0}
+
+    def nan_from_step_3(*args, **kwargs):
+        loss, nll, n = real_loss(*args, **kwargs)
+        calls["n"] += torch.is_grad_enabled()  # training batches only
+        return (loss * float("nan") if calls["n"] >= 3 else loss), nll, n
+
+    monkeypatch.setattr(train_module, "token_loss", nan_from_step_3)
+    with pytest.raises(SystemExit):
+        run(compose(*OVERRIDES, "trainer.max_steps=4"), tmp_path)
+    message = failure(tmp_path)
+    assert message.startswith("loss became nan at step 3; lower trainer.lr")
+    assert f"trainer.resume={tmp_path / 'checkpoints' / 'last.pt'}" in message
+
+
+# --- settings --------------------------------------------------------------------------------
+
+
+def test_an_unknown_key_is_refused_by_hydra(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *SMOKE, "trainer.max_stepz=5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1
+    assert "Could not override 'trainer.max_stepz'" in result.stderr
+    assert "Key 'max_stepz' is not in struct" in result.stderr
+    assert not (tmp_path / "outputs").exists()  # stopped before any run directory
+
+
+def refused(tmp_path: Path, *overrides: str) -> str:
+    """The one-line message of a run with ``overrides`` whose data cannot even be found (so the
+    message proves the settings were checked before any data was read)."""
+    cfg = compose(*SMOKE, *overrides)
+    with open_dict(cfg):
+        cfg.data.kind = "local"
+        cfg.data.dir = str(tmp_path / "no-such-dir")
+    with pytest.raises(SystemExit):
+        run(cfg, tmp_path / "run")
+    return failure(tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.max_steps=abc", "trainer.max_steps='abc' must be an integer >= 1 or null"),
+        ("model.d_model=1.5", "model.d_model=1.5 must be an integer >= 1"),
+        ("trainer.lr=fast", "trainer.lr='fast' must be a number >= 0"),
+        ("model.dropout=1.5", "model.dropout=1.5 must be a number in [0, 1)"),
+        ("trainer.precision=fp16", "trainer.precision='fp16' must be one of auto, fp32, bf16"),
+        ("trainer.progress=maybe", "trainer.progress='maybe' must be true or false"),
+        ("trainer.betas=[0.9]", "trainer.betas=[0.9] must be a list of two numbers in [0, 1)"),
+        ("trainer.accumulate=0", "trainer.accumulate=0 must be an integer >= 1"),
+        ("model.n_heads=true", "model.n_heads=True must be an integer >= 1"),
+    ],
+)
+def test_wrong_types_are_refused_before_data_is_read(tmp_path, override, message):
+    assert refused(tmp_path, override) == message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "parts"),
+    [
+        (("model.n_heads=3",), ["invalid configuration", "d_model=32", "not divisible", "3"]),
+        (("pe=rope", "model.d_model=36"), ["invalid configuration", "head dim 9", "even"]),
+        (("pe=xpos", "model.d_model=36"), ["invalid configuration", "must be even"]),
+        (("model.activation=swish",), ["invalid configuration", "model.activation='swish'"]),
+        (("trainer.schedule=step",), ["trainer.schedule='step' is unknown"]),
+        (("trainer.max_steps=null",), ["set a budget", "trainer.max_time"]),
+        (("device=tpu",), ["device='tpu' is unknown"]),
+    ],
+)
+def test_impossible_settings_are_refused_before_data_is_read(tmp_path, overrides, parts):
+    message = refused(tmp_path, *overrides)
+    for part in parts:
+        assert part in message, (part, message)
