@@ -254,3 +254,14 @@ def test_helpers():
     assert bucket_position(20, edges) == pytest.approx(1.5)
     assert bucket_position(40, edges) is None
     assert slug("rope (model.d_model=32)") == "rope_model.d_model=32"
+
+
+def test_the_demo_prints_the_focus_split_score_table():
+    from posenc.report import scores_summary
+
+    md = (
+        "## 3. Scores\nintro\n### test\n| system | BLEU |\n|---|---|\n| rope | 1.5 |\n\n"
+        "signature\n### long\n| system | BLEU |\n|---|---|\n| rope | 0.5 |\n## 4. Significance\n"
+    )
+    assert scores_summary(md, "test") == "| system | BLEU |\n|---|---|\n| rope | 1.5 |"
+    assert scores_summary(md, "long").endswith("| rope | 0.5 |")

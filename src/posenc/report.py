@@ -1278,4 +1278,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         path = build_report(args.sweep, args.out, args.split, args.bootstrap)
     except ReportError as err:
         raise SystemExit(f"error: {err}") from None
+    print(scores_summary(path.read_text(encoding="utf-8"), args.split))
     print(f"report: {path}")
+
+
+def scores_summary(report_md: str, split: str) -> str:
+    """The focus split's score table of a rendered report (printed at the end of ``make demo``)."""
+    section = report_md.split(f"## {SECTIONS[2]}", 1)[-1].split("\n## ", 1)[0]
+    block = section.split(f"### {split}", 1)[-1].split("\n### ", 1)[0]
+    return "\n".join(line for line in block.splitlines() if line.startswith("|"))
