@@ -195,3 +195,13 @@ def test_test_time_encoding_variants_are_scored_with_the_trained_weights(tmp_pat
     assert variant["pe"] == {"scaling": "linear", "factor": 2.0}
     assert variant["splits"]["test"]["sentences"] == metrics["splits"]["test"]["sentences"]
     assert (tmp_path / "hypotheses.test.pi2.txt").exists()
+
+
+def test_max_source_tokens_keeps_only_short_training_sources(tmp_path):
+    from posenc.train import prepare
+
+    cfg = compose(*SMOKE, "trainer.max_source_tokens=6")
+    _, data = prepare(cfg, tmp_path)
+    assert data.train_src and max(len(s) for s in data.train_src) <= 6
+    _, full = prepare(compose(*SMOKE), tmp_path)
+    assert max(len(s) for s in full.train_src) > 6

@@ -185,12 +185,17 @@ def prepare(cfg: DictConfig, run_dir: Path) -> tuple[Tokenizer, EncodedData]:
     distributed.barrier()
     if not distributed.is_main():
         tokenizer = load_tokenizer(run_dir / "tokenizer")
+    t = cfg.trainer
     train_src, train_tgt, dropped = encode_pairs(
-        tokenizer, corpora["train"], cfg.trainer.max_positions
+        tokenizer, corpora["train"], t.max_positions, t.max_source_tokens
     )
     if dropped:
         log.info(
-            "dropped %d training pairs longer than %d tokens", dropped, cfg.trainer.max_positions
+            "dropped %d training pairs over the length limits (max_positions=%s, "
+            "max_source_tokens=%s)",
+            dropped,
+            t.max_positions,
+            t.max_source_tokens,
         )
     if not train_src:
         raise ValueError("no training pairs left after tokenisation; raise trainer.max_positions")
