@@ -260,8 +260,8 @@ def test_the_demo_prints_the_focus_split_score_table():
     from posenc.report import scores_summary
 
     md = (
-        "## 3. Scores\nintro\n### test\n| system | BLEU |\n|---|---|\n| rope | 1.5 |\n\n"
-        "signature\n### long\n| system | BLEU |\n|---|---|\n| rope | 0.5 |\n## 4. Significance\n"
+        "## 3. Scores\nintro\n### test\n\nsystem | BLEU\n--- | ---\nrope | 1.5\n\n"
+        "- signature a | b\n### long\nsystem | BLEU\n--- | ---\nrope | 0.5\n## 4. Significance\n"
     )
-    assert scores_summary(md, "test") == "| system | BLEU |\n|---|---|\n| rope | 1.5 |"
-    assert scores_summary(md, "long").endswith("| rope | 0.5 |")
+    assert scores_summary(md, "test") == "system | BLEU\n--- | ---\nrope | 1.5"
+    assert scores_summary(md, "long").endswith("rope | 0.5")

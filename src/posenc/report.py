@@ -1118,9 +1118,10 @@ def section_cost(w: Writer, groups: Sequence[Group], focus: str) -> None:
     notes = ["Means over the seeds that report each value. Training time excludes evaluation."]
     if any(r.train.get("device") == "cpu" for g in groups for r in g.runs):
         notes.append(
-            "On CPU, peak memory is the process's resident-set high-water mark: with "
-            "Hydra's basic launcher every job runs in the same process, so a job's peak "
-            "includes the jobs before it."
+            "On CPU, peak memory is the largest resident set of the training process sampled "
+            "while a batch's activations are alive; it includes the corpus and everything else "
+            "the process holds, so only large differences mean something. Speeds are only "
+            "comparable between runs that shared the machine in the same way."
         )
     if not any(g.pe == "nonepe" for g in groups):
         notes.append("No `nonepe` run: the relative columns are empty.")
@@ -1286,4 +1287,11 @@ def scores_summary(report_md: str, split: str) -> str:
     """The focus split's score table of a rendered report (printed at the end of ``make demo``)."""
     section = report_md.split(f"## {SECTIONS[2]}", 1)[-1].split("\n## ", 1)[0]
     block = section.split(f"### {split}", 1)[-1].split("\n### ", 1)[0]
-    return "\n".join(line for line in block.splitlines() if line.startswith("|"))
+    lines = block.strip().splitlines()
+    start = next((i for i, line in enumerate(lines) if " | " in line), len(lines))
+    table = []
+    for line in lines[start:]:
+        if " | " not in line:
+            break
+        table.append(line)
+    return "\n".join(table)
