@@ -81,7 +81,8 @@ def failure(run_dir: Path) -> str:
 
 
 def test_a_run_killed_by_sigkill_resumes_with_every_step_logged_once(tmp_path):
-    overrides = (*OVERRIDES, "trainer.max_steps=40")
+    # enough steps that a loaded machine cannot finish the run between the poll and the kill
+    overrides = (*OVERRIDES, "trainer.max_steps=300", "trainer.valid_every=10")
     run_dir = tmp_path / "run"
     job = start(run_dir, *overrides)
     wait_for((run_dir / "checkpoints" / "last.pt").exists, job)
@@ -90,9 +91,9 @@ def test_a_run_killed_by_sigkill_resumes_with_every_step_logged_once(tmp_path):
 
     run(compose(*overrides), run_dir)
     summary = json.loads((run_dir / "train_summary.json").read_text())
-    assert summary["steps"] == 40
-    assert logged_steps(run_dir) == list(range(1, 41))
-    assert logged_steps(run_dir, "valid/loss") == list(range(2, 41, 2))
+    assert summary["steps"] == 300
+    assert logged_steps(run_dir) == list(range(1, 301))
+    assert logged_steps(run_dir, "valid/loss") == list(range(10, 301, 10))
     seconds = logged_steps(run_dir, "time/train_loss")
     assert seconds == sorted(set(seconds))
 
