@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_model
 
 from posenc.encodings.alibi import ALiBiEncoding, alibi_slopes
-from posenc.encodings.base import AttentionCall, AttentionRule, Site, masked_softmax
+from posenc.encodings.base import AttentionCall, Site, masked_softmax
 
 
 def _paper_get_slopes(n: int) -> list[float]:
@@ -82,20 +82,6 @@ def test_causal_bias_is_relative_it_equals_the_papers_row_independent_bias_after
     torch.testing.assert_close(
         masked_softmax(scores + bias, call), masked_softmax(scores + shortcut, call)
     )
-
-
-def test_cross_attention_has_no_position_bias():
-    model = tiny_model("alibi").eval()
-    for layer in model.decoder.layers:
-        assert type(layer.cross_attn.rule) is AttentionRule
-    attn = model.decoder.layers[0].cross_attn
-    x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
-    perm = torch.randperm(7)
-    call = AttentionCall(torch.arange(5), torch.arange(7), causal=False)
-    with torch.no_grad():
-        torch.testing.assert_close(
-            attn(x, call, memory=memory), attn(x, call, memory=memory[:, perm])
-        )
 
 
 def test_symmetric_encoder_is_equivariant_to_reversing_its_input():

@@ -104,3 +104,22 @@ def test_attention_weights_are_what_the_layer_applies(name):
         assert (weights >= 0).all() and (weights.sum(-1) <= 1 + 1e-5).all()
         if causal:
             assert torch.all(weights.triu(1) == 0)
+
+
+@pytest.mark.parametrize("name", PE_NAMES)
+def test_cross_attention_carries_no_position_information(name):
+    """Source and target positions do not lie on one axis: permuting the memory's positions
+    changes nothing in cross-attention."""
+    from posenc.encodings.base import AttentionCall, AttentionRule
+
+    model = tiny_model(name).eval()
+    for layer in model.decoder.layers:
+        assert type(layer.cross_attn.rule) is AttentionRule
+    attn = model.decoder.layers[0].cross_attn
+    x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    perm = torch.randperm(7)
+    call = AttentionCall(torch.arange(5), torch.arange(7), causal=False)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            attn(x, call, memory=memory), attn(x, call, memory=memory[:, perm])
+        )

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from posenc.encodings.base import AttentionCall, AttentionRule, Site
+from posenc.encodings.base import Site
 from posenc.encodings.kerple import KerpleEncoding
 
 
@@ -97,17 +97,3 @@ def test_one_parameter_set_per_stack_shared_by_every_layer():
         rules = [layer.self_attn.rule for layer in stack.layers]
         assert all(rule is rules[0] for rule in rules)
         assert not list(rules[0].parameters())
-
-
-def test_cross_attention_has_no_position_bias():
-    model = tiny_model("kerple").eval()
-    for layer in model.decoder.layers:
-        assert type(layer.cross_attn.rule) is AttentionRule
-    attn = model.decoder.layers[0].cross_attn
-    x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
-    perm = torch.randperm(7)
-    call = AttentionCall(torch.arange(5), torch.arange(7), causal=False)
-    with torch.no_grad():
-        torch.testing.assert_close(
-            attn(x, call, memory=memory), attn(x, call, memory=memory[:, perm])
-        )
