@@ -7,6 +7,7 @@ event files to the checkpoint (steps after it, seconds after it), so no step is 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
@@ -49,12 +50,34 @@ def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
     return dropped
 
 
+def _file_second(path: Path) -> int:
+    """The whole second in an event file's name (``events.out.tfevents.SECOND.host.pid.n``)."""
+    try:
+        return int(path.name.split(".")[3])
+    except (IndexError, ValueError):
+        return 0
+
+
+def wait_for_a_later_second(log_dir: Path) -> None:
+    """Return once the clock is past the second in every event file name in ``log_dir``.
+
+    TensorBoard reads a directory's event files in name order and names start with the whole
+    second the writer opened. A writer opened in the same second as an earlier one is ordered by
+    process id instead, so a run resumed within a second of its start could be read before the
+    steps it continues (at most a one-second wait, and only then).
+    """
+    latest = max((_file_second(p) for p in log_dir.glob("events.out.tfevents.*")), default=0)
+    while int(time.time()) <= latest:
+        time.sleep(0.05)
+
+
 class RunLogger:
     """The TensorBoard writer of one run directory (``RUN/tb``)."""
 
     def __init__(self, log_dir: Path, resume_step: int = 0, resume_seconds: float = 0.0) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         truncate_events(log_dir, resume_step, int(resume_seconds))
+        wait_for_a_later_second(log_dir)
         self.writer = SummaryWriter(log_dir=str(log_dir))
         # seconds already logged before a resume (kept by the truncation); -1 for a new run
         done = int(resume_seconds) if resume_step > 0 else -1

@@ -1,0 +1,52 @@
+"""TensorBoard logs of a resumed run read as one curve: no step twice, none missing, in order."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from posenc.tblog import RunLogger
+
+
+def steps_as_read(log_dir: Path, tag: str = "train/loss") -> list[int]:
+    """The steps of ``tag`` in the order TensorBoard reads them."""
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def log_steps(logger: RunLogger, steps: range) -> None:
+    for step in steps:
+        logger.scalars(step, {"train/loss": 1.0 / step})
+    logger.close()
+
+
+def test_a_resumed_run_drops_the_steps_after_its_checkpoint(tmp_path):
+    log_steps(RunLogger(tmp_path), range(1, 9))
+    log_steps(RunLogger(tmp_path, resume_step=5, resume_seconds=0.0), range(6, 11))
+    assert steps_as_read(tmp_path) == list(range(1, 11))
+
+
+def test_a_run_resumed_within_the_second_it_started_is_read_after_it(tmp_path):
+    log_steps(RunLogger(tmp_path), range(1, 6))
+    # the killed run opened its file this very second, in a process whose id sorts last
+    (first,) = tmp_path.glob("events.out.tfevents.*")
+    same_second = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.99999999.0"
+    first.rename(tmp_path / same_second)
+    log_steps(RunLogger(tmp_path, resume_step=5, resume_seconds=0.0), range(6, 11))
+    assert steps_as_read(tmp_path) == list(range(1, 11))
+
+
+def test_time_tags_keep_one_point_per_training_second_across_a_resume(tmp_path):
+    logger = RunLogger(tmp_path)
+    for seconds in (0.2, 0.7, 1.1, 2.5, 3.9):
+        logger.against_time("train_loss", 1.0, seconds)
+    logger.close()
+    resumed = RunLogger(tmp_path, resume_step=3, resume_seconds=2.5)
+    for seconds in (2.9, 3.2, 4.0):
+        resumed.against_time("train_loss", 1.0, seconds)
+    resumed.close()
+    assert steps_as_read(tmp_path, "time/train_loss") == [0, 1, 2, 3, 4]
