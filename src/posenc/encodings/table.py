@@ -7,6 +7,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from posenc.encodings import encoding_factory
+from posenc.markdown import fill_section
 
 
 def encodings_table(pe_dir: Path) -> str:
@@ -28,11 +29,6 @@ def encodings_table(pe_dir: Path) -> str:
     return "\n".join(rows)
 
 
-START, END = "<!-- pe-table -->", "<!-- /pe-table -->"
-
-
 def with_table(readme: str, table: str) -> str:
-    """``readme`` with the text between the pe-table markers replaced by ``table``."""
-    head, rest = readme.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table}\n{END}{tail}"
+    """``readme`` with its ``pe-table`` section replaced by ``table``."""
+    return fill_section(readme, "pe-table", table)

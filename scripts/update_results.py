@@ -1,0 +1,50 @@
+"""Copy the study's sweep reports into docs/ and refill the generated sections of
+docs/RESULTS.md: ``python scripts/update_results.py [--sweeps outputs/sweeps]``.
+
+The hand-written parts of the page (setup, commands, discussion) stay as they are.
+"""
+
+import argparse
+import shutil
+from pathlib import Path
+
+from posenc.markdown import embed_report, fill_section
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDIES = ("compare", "extrapolation")
+
+
+def copy_report(report_dir: Path, docs_dir: Path) -> None:
+    """Replace ``docs_dir``'s report files (md, csv, png) by those of ``report_dir``."""
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    for old in docs_dir.iterdir():
+        if old.suffix in {".md", ".csv", ".png"}:
+            old.unlink()
+    for new in report_dir.iterdir():
+        if new.suffix in {".md", ".csv", ".png"}:
+            shutil.copy2(new, docs_dir / new.name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sweeps", type=Path, default=ROOT / "outputs" / "sweeps")
+    args = parser.parse_args()
+    docs = ROOT / "docs"
+    results = docs / "RESULTS.md"
+    page = results.read_text()
+    for name in STUDIES:
+        report_dir = args.sweeps / name / "report"
+        if not (report_dir / "report.md").exists():
+            print(f"{name}: no report in {report_dir} (run scripts/report.py on the sweep); kept")
+            continue
+        copy_report(report_dir, docs / name)
+        report = (docs / name / "report.md").read_text().replace(f"{ROOT}/", "")
+        page = fill_section(page, name, embed_report(report, name, ("Attention maps",)))
+        print(f"{name}: copied {report_dir} to docs/{name}")
+    bench = (docs / "bench" / "bench.md").read_text()
+    page = fill_section(page, "bench", embed_report(bench, "bench"))
+    results.write_text(page)
+
+
+if __name__ == "__main__":
+    main()
