@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The study of docs/RESULTS.md on a 2-core CPU: `compare` (seed 0, the issue's eight encodings)
-# then `extrapolation`, two single-threaded jobs at a time. Re-running resumes unfinished runs.
+# The study of docs/RESULTS.md on a 2-core CPU: `compare` (the issue's eight encodings, seeds
+# 0, 1, 2) then `extrapolation`, two single-threaded jobs at a time. Re-running skips finished
+# runs and resumes unfinished ones. Then: scripts/report.py on each sweep, scripts/update_results.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PES=${PES:-nonepe,sinpe,learned,rpe,t5,rope,alibi,fox}
-SEEDS=${SEEDS:-0}
+SEEDS=${SEEDS:-0,1,2}
 common=(threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=2 trainer.progress=false)
 $PY train.py -m experiment=compare "pe=$PES" "seed=$SEEDS" "${common[@]}"
 $PY train.py -m experiment=extrapolation "pe=$PES" "${common[@]}"
