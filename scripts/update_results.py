@@ -15,14 +15,18 @@ STUDIES = ("compare", "extrapolation")
 
 
 def copy_report(report_dir: Path, docs_dir: Path) -> None:
-    """Replace ``docs_dir``'s report files (md, csv, png) by those of ``report_dir``."""
+    """Replace ``docs_dir``'s report files (md, csv, png) by those of ``report_dir``, with
+    paths inside the project made relative to it."""
     docs_dir.mkdir(parents=True, exist_ok=True)
     for old in docs_dir.iterdir():
         if old.suffix in {".md", ".csv", ".png"}:
             old.unlink()
     for new in report_dir.iterdir():
-        if new.suffix in {".md", ".csv", ".png"}:
+        if new.suffix == ".png":
             shutil.copy2(new, docs_dir / new.name)
+        elif new.suffix in {".md", ".csv"}:
+            text = new.read_bytes().replace(f"{ROOT}/".encode(), b"")
+            (docs_dir / new.name).write_bytes(text)
 
 
 def main() -> None:
@@ -38,7 +42,7 @@ def main() -> None:
             print(f"{name}: no report in {report_dir} (run scripts/report.py on the sweep); kept")
             continue
         copy_report(report_dir, docs / name)
-        report = (docs / name / "report.md").read_text().replace(f"{ROOT}/", "")
+        report = (docs / name / "report.md").read_text()
         page = fill_section(page, name, embed_report(report, name, ("Attention maps",)))
         print(f"{name}: copied {report_dir} to docs/{name}")
     bench = (docs / "bench" / "bench.md").read_text()

@@ -6,6 +6,8 @@ import pytest
 import torch
 from conftest import PE_NAMES, tiny_model
 
+from posenc.encodings.base import AttentionCall, AttentionRule
+
 
 @pytest.mark.parametrize("name", PE_NAMES)
 def test_cached_greedy_decoding_gives_the_same_tokens_as_full_recomputation(name):
@@ -110,8 +112,6 @@ def test_attention_weights_are_what_the_layer_applies(name):
 def test_cross_attention_carries_no_position_information(name):
     """Source and target positions do not lie on one axis: permuting the memory's positions
     changes nothing in cross-attention."""
-    from posenc.encodings.base import AttentionCall, AttentionRule
-
     model = tiny_model(name).eval()
     for layer in model.decoder.layers:
         assert type(layer.cross_attn.rule) is AttentionRule
