@@ -7,6 +7,7 @@ import torch
 from conftest import PE_NAMES, tiny_model
 
 from posenc.encodings.base import AttentionCall, AttentionRule
+from posenc.layers import DecoderCache
 
 
 @pytest.mark.parametrize("name", PE_NAMES)
@@ -21,19 +22,47 @@ def test_cached_greedy_decoding_gives_the_same_tokens_as_full_recomputation(name
     assert any(len(row) > 3 for row in cached)
 
 
+def _decode_in_chunks(model, src, tgt, chunks):
+    """Logits ``(B, Lt, V)`` of ``tgt`` fed to the cached decoder ``chunks[0]`` tokens first,
+    then ``chunks[1]`` more, and so on."""
+    memory, src_pad = model.encode(src)
+    cache = DecoderCache()
+    steps, start = [], 0
+    for size in chunks:
+        steps.append(model.decode(tgt[:, start : start + size], memory, src_pad, cache))
+        start += size
+    assert start == tgt.shape[1] and cache.length == start
+    return torch.cat(steps, dim=1)
+
+
+@pytest.mark.parametrize("chunks", [(1,) * 10, (3, 2, 1, 4), (4, 6), (10,)], ids=str)
 @pytest.mark.parametrize("name", PE_NAMES)
-def test_cached_decoder_logits_match_teacher_forcing(name):
+def test_cached_decoding_in_any_chunks_equals_teacher_forcing(name, chunks):
+    """Feeding the decoder one token or several at a time onto its cache (beam search,
+    speculative or chunked decoding) gives the teacher-forced logits."""
     model = tiny_model(name).eval()
     src = torch.randint(3, 40, (2, 7))
-    tgt = torch.randint(3, 40, (2, 6))
+    src[1, 5:] = 0
+    tgt = torch.randint(3, 40, (2, 10))
     with torch.no_grad():
         full = model(src, tgt)
-        memory, src_pad = model.encode(src)
-        from posenc.layers import DecoderCache
+        chunked = _decode_in_chunks(model, src, tgt, chunks)
+    torch.testing.assert_close(chunked, full, atol=1e-5, rtol=1e-4)
 
-        cache = DecoderCache()
-        steps = [model.decode(tgt[:, t : t + 1], memory, src_pad, cache) for t in range(6)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
+
+@pytest.mark.parametrize("name", PE_NAMES)
+def test_every_encoding_computes_in_float64(name):
+    """A float64 model computes in float64 throughout: teacher forcing and chunked cached
+    decoding agree to float64 precision, which exact reference tests rely on."""
+    model = tiny_model(name).double().eval()
+    src = torch.randint(3, 40, (2, 7))
+    src[0, 4:] = 0
+    tgt = torch.randint(3, 40, (2, 9))
+    with torch.no_grad():
+        full = model(src, tgt)
+        chunked = _decode_in_chunks(model, src, tgt, (2, 3, 1, 3))
+    assert full.dtype is torch.float64
+    torch.testing.assert_close(chunked, full, atol=1e-12, rtol=1e-10)
 
 
 @pytest.mark.parametrize("name", PE_NAMES)
@@ -94,8 +123,6 @@ def test_attention_weights_are_what_the_layer_applies(name):
     layer = model.encoder.layers[0].self_attn
     x = torch.randn(2, 7, 32)
     positions = torch.arange(7)
-    from posenc.encodings.base import AttentionCall
-
     for encoding, causal in [(model.encoder.encoding, False), (model.decoder.encoding, True)]:
         attn = model.decoder.layers[0].self_attn if causal else layer
         call = AttentionCall(

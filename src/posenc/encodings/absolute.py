@@ -19,13 +19,17 @@ from torch import Tensor, nn
 from posenc.encodings.base import Site, StackEncoding
 
 
-def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
-    """Sinusoidal encodings ``(L, d)`` of ``positions (L,)``; even dims sin, odd dims cos."""
+def sinusoidal_table(
+    positions: Tensor, d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """Sinusoidal encodings ``(L, d)`` of ``positions (L,)`` in ``dtype``; even dims sin, odd
+    dims cos."""
     if d_model % 2:
         raise ValueError(f"sinpe needs an even d_model, got {d_model}")
-    inv_freq = base ** (-torch.arange(0, d_model, 2, device=positions.device).float() / d_model)
-    angles = positions.float()[:, None] * inv_freq[None, :]
-    table = torch.empty(positions.shape[0], d_model, device=positions.device)
+    steps = torch.arange(0, d_model, 2, device=positions.device, dtype=dtype)
+    inv_freq = base ** (-steps / d_model)
+    angles = positions.to(dtype)[:, None] * inv_freq[None, :]
+    table = torch.empty(positions.shape[0], d_model, device=positions.device, dtype=dtype)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles)
     return table
@@ -44,7 +48,8 @@ class SinusoidalEncoding(StackEncoding):
         self.base = base
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        return x + sinusoidal_table(positions, self.d_model, self.base).to(x.dtype)
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        return x + sinusoidal_table(positions, self.d_model, self.base, dtype).to(x.dtype)
 
 
 class LearnedEncoding(StackEncoding):

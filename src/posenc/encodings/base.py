@@ -61,6 +61,21 @@ class AttentionCall:
     def needs_causal_mask(self) -> bool:
         return self.causal and self.q_pos.shape[0] > 1
 
+    @property
+    def sdpa_is_causal(self) -> bool:
+        """Whether SDPA's ``is_causal=True`` is exactly this call's mask.
+
+        SDPA aligns that mask top-left (query ``i`` sees keys ``0..i``), which is right only
+        when queries and keys are the same positions: a causal call without padding whose
+        queries start at the first key. Several new tokens on a non-empty cache
+        (``Lq < Lk``) need the explicit mask of :meth:`allowed`.
+        """
+        return (
+            self.needs_causal_mask
+            and self.key_padding_mask is None
+            and self.q_pos.shape[0] == self.k_pos.shape[0]
+        )
+
     def allowed(self) -> Tensor | None:
         """Bool mask ``(B|1, 1, Lq, Lk)``, True where query i may attend key j; None if all may."""
         mask = None
@@ -87,12 +102,18 @@ def additive_mask(bias: Tensor | None, call: AttentionCall, dtype: torch.dtype) 
     return bias
 
 
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype of numerically sensitive steps (gates, cumulative sums, softmax): float32 for
+    half-precision inputs, the input's own dtype for float32 and float64."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def masked_softmax(scores: Tensor, call: AttentionCall) -> Tensor:
     """Softmax over the last dim of ``scores (B, H, Lq, Lk)`` with the call's mask applied."""
     allowed = call.allowed()
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+    return torch.softmax(scores.to(compute_dtype(scores)), dim=-1).to(scores.dtype)
 
 
 class EncodingModule(nn.Module):
@@ -157,7 +178,7 @@ class AttentionRule(EncodingModule):
     ) -> Tensor:
         """Attention output ``(B, H, Lq, D)`` from ``q (B, H, Lq, D)``, ``k, v (B, H, Lk, D)``."""
         bias = self.bias(q, k, key_state, call)
-        if bias is None and call.key_padding_mask is None and call.needs_causal_mask:
+        if bias is None and call.sdpa_is_causal:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=call.dropout_p, is_causal=True)
         mask = additive_mask(bias, call, q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=call.dropout_p)

@@ -16,8 +16,9 @@ position logits are added before that division, and the scalar ``q_i . e[p]`` is
 It is computed as ``z_i[floor p] + frac(p) (z_i[floor p + 1] - z_i[floor p])``: one gather from
 the table of ``q . e`` and one from the table of ``q . (e[p+1] - e[p])``. Each layer owns one
 table ``e (npos, D)`` shared by its heads, initialised to zero as in the reference. Logits,
-gates and positions are float32 whatever the autocast dtype. A single additive ``0 / -inf``
-mask on the content logits masks both the gates (``sigmoid(-inf) = 0``) and the softmax.
+gates and positions are float32 whatever the autocast dtype (float64 in a float64 model). A
+single additive ``0 / -inf`` mask on the content logits masks both the gates
+(``sigmoid(-inf) = 0``) and the softmax.
 
 Where it applies: encoder and decoder self-attention; cross-attention is plain softmax
 (source and target positions do not lie on one axis).
@@ -48,7 +49,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
+from posenc.encodings.base import (
+    AttentionCall,
+    AttentionRule,
+    Site,
+    StackEncoding,
+    compute_dtype,
+)
 
 
 @dataclass
@@ -102,7 +109,7 @@ class CoPERule(AttentionRule):
     def _content(self, q: Tensor, k: Tensor, call: AttentionCall) -> Tensor:
         """Masked content logits ``(B, H, Lq, Lk)`` float32 from the scaled float32 query
         ``q / sqrt(D)``, keys in internal order."""
-        content = q @ self._inner(k.float(), -2).transpose(-1, -2)
+        content = q @ self._inner(k.to(q.dtype), -2).transpose(-1, -2)
         bias = call.context.bias
         if call.key_padding_mask is not None:
             padding = self._inner(call.key_padding_mask, -1)[:, None, None, :]
@@ -126,19 +133,19 @@ class CoPERule(AttentionRule):
         """Clamped contextual positions ``p (B, H, Lq, Lk)``, float32, keys in natural order
         (0 at masked keys)."""
         with torch.autocast(q.device.type, enabled=False):
-            q = q.float() / math.sqrt(q.shape[-1])
+            q = q.to(compute_dtype(q)) / math.sqrt(q.shape[-1])
             positions = self._positions(torch.sigmoid(self._content(q, k, call)), call)
         return self._inner(positions, -1)
 
     def _attention(self, q: Tensor, k: Tensor, call: AttentionCall) -> Tensor:
         """Attention probabilities ``(B, H, Lq, Lk)`` float32, keys in internal order."""
         with torch.autocast(q.device.type, enabled=False):
-            q = q.float() / math.sqrt(q.shape[-1])
+            q = q.to(compute_dtype(q)) / math.sqrt(q.shape[-1])
             content = self._content(q, k, call)
             positions = self._positions(torch.sigmoid(content), call)
             index = positions.long()  # floor: positions are >= 0
             frac = positions.frac()
-            table = self.pos_emb.float().view(-1, self.npos, q.shape[-1])  # (sides, npos, D)
+            table = self.pos_emb.to(q.dtype).view(-1, self.npos, q.shape[-1])  # (sides, npos, D)
             slope = torch.cat([table.diff(dim=1), torch.zeros_like(table[:, :1])], dim=1)
             if self.bidirectional:
                 index = index + call.context.table_offset

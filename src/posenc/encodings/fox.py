@@ -50,6 +50,7 @@ from posenc.encodings.base import (
     AttentionRule,
     Site,
     StackEncoding,
+    compute_dtype,
 )
 
 
@@ -77,14 +78,16 @@ class ForgetGateRule(AttentionRule):
     def prepare(
         self, q: Tensor, k: Tensor, x: Tensor, positions: Tensor, context: Any = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Return q, k unchanged and ``log f (B, H, L)`` in float32 as the cached key state."""
+        """Return q, k unchanged and ``log f (B, H, L)`` (float32, or float64 for a float64
+        model) as the cached key state."""
         with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.gate.weight.float(), self.gate.bias.float())
+            dtype = compute_dtype(x)
+            logits = F.linear(x.to(dtype), self.gate.weight.to(dtype), self.gate.bias.to(dtype))
         return q, k, F.logsigmoid(logits).transpose(1, 2)
 
     def bias(self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor:
         """Float32 ``(B, H, Lq, Lk)``: ``c_i - c_j`` (causal) or ``-|c_i - c_j|`` (encoder)."""
-        cumulative = key_state.float().cumsum(-1)  # (B, H, Lk)
+        cumulative = key_state.to(compute_dtype(key_state)).cumsum(-1)  # (B, H, Lk)
         diff = cumulative[..., call.q_pos, None] - cumulative[..., None, :]
         return -diff.abs() if self.bidirectional else diff
 
@@ -92,15 +95,17 @@ class ForgetGateRule(AttentionRule):
         self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         with torch.autocast(q.device.type, enabled=False):
-            return super().weights(q.float(), k.float(), key_state, call)
+            dtype = compute_dtype(q)
+            return super().weights(q.to(dtype), k.to(dtype), key_state, call)
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         with torch.autocast(q.device.type, enabled=False):
-            cumulative = key_state.float().cumsum(-1)
+            dtype = compute_dtype(q)
+            cumulative = key_state.to(dtype).cumsum(-1)
             out = _decay_attention(
-                q.float(), k.float(), v.float(), cumulative, call, self.bidirectional
+                q.to(dtype), k.to(dtype), v.to(dtype), cumulative, call, self.bidirectional
             )
         return out.to(q.dtype)
 
@@ -132,10 +137,7 @@ def _decay_attention(
         is_causal = False
     else:
         keys, values = k_before, v
-        # SDPA's is_causal aligns the first query with the first key: only valid from position 0.
-        is_causal = (
-            call.needs_causal_mask and call.key_padding_mask is None and q.shape[2] == k.shape[2]
-        )
+        is_causal = call.sdpa_is_causal
         mask = None if is_causal else call.allowed()
     out = F.scaled_dot_product_attention(
         q_aug,

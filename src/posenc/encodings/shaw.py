@@ -35,6 +35,7 @@ from posenc.encodings.base import (
     AttentionRule,
     Site,
     StackEncoding,
+    compute_dtype,
     masked_softmax,
 )
 
@@ -93,10 +94,12 @@ class ShawRule(AttentionRule):
         weights = self.weights(q, k, key_state, call)
         if call.dropout_p > 0:
             weights = F.dropout(weights, p=call.dropout_p)
-        # Bucket masses (B, H, Lq, R), summed in float32 (a far bucket collects up to Lk weights).
-        mass = torch.zeros(*weights.shape[:-1], self.value_table.shape[0], device=q.device)
-        mass = mass.scatter_add(-1, index.expand_as(weights), weights.float())
-        return weights @ v + (mass @ self.value_table).to(weights.dtype)
+        # Bucket masses (B, H, Lq, R), summed in at least float32 (a far bucket collects up to
+        # Lk weights).
+        dtype = compute_dtype(weights)
+        mass = weights.new_zeros(*weights.shape[:-1], self.value_table.shape[0], dtype=dtype)
+        mass = mass.scatter_add(-1, index.expand_as(weights), weights.to(dtype))
+        return weights @ v + (mass @ self.value_table.to(dtype)).to(weights.dtype)
 
 
 class ShawEncoding(StackEncoding):

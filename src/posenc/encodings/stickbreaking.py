@@ -15,7 +15,8 @@ remainder of the stick goes to the query's own value, as in the repository's ref
 (``o + rem * v``); the remainder is computed as ``prod_t (1 - beta_it) = exp(-sum softplus)``,
 which equals ``1 - sum_j A_ij`` and is never negative in floating point. :meth:`weights`
 returns ``A`` with the remainder added on the query's own key, so ``weights @ v`` is the output
-and every row sums to 1. Logits, gates and weights are float32 whatever the autocast dtype. No
+and every row sums to 1. Logits, gates and weights are float32 whatever the autocast dtype
+(float64 in a float64 model). No
 other position information is used.
 
 Where it applies: encoder and decoder self-attention; cross-attention is plain softmax.
@@ -40,7 +41,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
+from posenc.encodings.base import (
+    AttentionCall,
+    AttentionRule,
+    Site,
+    StackEncoding,
+    compute_dtype,
+)
 
 LOG_FLOOR = -50.0
 """Weights and remainders below ``exp(LOG_FLOOR)`` (about 2e-22 of the stick, far below float32
@@ -82,8 +89,8 @@ class StickBreakingRule(AttentionRule):
         ``(B, H, Lq, 1)``, both float32."""
         ctx: StickContext = call.context
         with torch.autocast(q.device.type, enabled=False):
-            q = q.float() / math.sqrt(q.shape[-1])
-            k = k.float().flip(2) if ctx.reversed else k.float()
+            q = q.to(compute_dtype(q)) / math.sqrt(q.shape[-1])
+            k = k.to(q.dtype).flip(2) if ctx.reversed else k.to(q.dtype)
             bias = ctx.bias
             if call.key_padding_mask is not None:
                 padding = call.key_padding_mask
