@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from posenc.encodings.alibi import ALiBiEncoding, alibi_slopes
+from posenc.encodings.alibi import SPLIT_PENALTY, ALiBiEncoding, alibi_slopes
 from posenc.encodings.base import AttentionCall, Site, masked_softmax
 
 
@@ -35,32 +35,78 @@ def test_slopes_of_eight_heads_are_halvings():
     assert alibi_slopes(8).tolist() == [2.0**-k for k in range(1, 9)]
 
 
-def _reference_bias(slopes, q_pos, k_pos, causal: bool) -> torch.Tensor:
-    out = torch.zeros(1, len(slopes), len(q_pos), len(k_pos))
-    for h, m in enumerate(slopes.tolist()):
+def _reference_bias(slopes, q_pos, k_pos, form: str) -> torch.Tensor:
+    """The bias written out per entry: ``form`` is ``causal`` (the paper's decoder) or an
+    encoder form."""
+    m = slopes.tolist()
+    n = len(m)
+    out = torch.zeros(1, n, len(q_pos), len(k_pos))
+    for h in range(n):
         for a, i in enumerate(q_pos.tolist()):
             for b, j in enumerate(k_pos.tolist()):
-                if causal:
-                    out[0, h, a, b] = -m * (i - j) if j <= i else 0.0
-                else:
-                    out[0, h, a, b] = -m * abs(i - j)
+                if form == "causal":
+                    value = -m[h] * (i - j) if j <= i else 0.0
+                elif form == "symmetric":
+                    value = -m[h] * abs(i - j)
+                elif form == "asymmetric":
+                    value = -m[h] * (i - j) if j <= i else -m[n - 1 - h] * (j - i)
+                elif h % 2 == 0:  # split: even heads look back
+                    value = -m[h] * (i - j) if j <= i else SPLIT_PENALTY
+                else:  # split: odd heads look forward
+                    value = -m[h] * (j - i) if j >= i else SPLIT_PENALTY
+                out[0, h, a, b] = value
     return out
 
 
 @pytest.mark.parametrize(
-    ("site", "q_pos", "k_pos"),
+    ("site", "form", "q_pos", "k_pos"),
     [
-        (Site.ENCODER, torch.arange(30), torch.arange(30)),
-        (Site.DECODER, torch.arange(30), torch.arange(30)),
-        (Site.DECODER, torch.tensor([29]), torch.arange(30)),  # one cached decoding step
+        (Site.ENCODER, "symmetric", torch.arange(30), torch.arange(30)),
+        (Site.ENCODER, "asymmetric", torch.arange(30), torch.arange(30)),
+        (Site.ENCODER, "split", torch.arange(30), torch.arange(30)),
+        (Site.DECODER, "causal", torch.arange(30), torch.arange(30)),
+        (Site.DECODER, "causal", torch.tensor([29]), torch.arange(30)),  # one cached step
+        (Site.DECODER, "causal", torch.tensor([26, 27, 28, 29]), torch.arange(30)),  # a chunk
     ],
 )
-def test_bias_equals_a_loop_reference_and_is_fixed(site, q_pos, k_pos):
-    enc = ALiBiEncoding(site, d_model=16, n_heads=6, n_layers=2)
+def test_bias_equals_a_loop_reference_and_is_fixed(site, form, q_pos, k_pos):
+    encoder_bias = "symmetric" if form == "causal" else form
+    enc = ALiBiEncoding(site, d_model=16, n_heads=6, n_layers=2, encoder_bias=encoder_bias)
     bias = enc.context(q_pos, k_pos)
-    expected = _reference_bias(alibi_slopes(6), q_pos, k_pos, causal=site is Site.DECODER)
+    expected = _reference_bias(alibi_slopes(6), q_pos, k_pos, form)
     torch.testing.assert_close(bias, expected)
     assert not bias.requires_grad and not list(enc.parameters())
+
+
+@pytest.mark.parametrize("form", ["symmetric", "asymmetric", "split"])
+def test_the_decoder_keeps_the_papers_causal_bias_whatever_the_encoder_form(form):
+    positions = torch.arange(12)
+    enc = ALiBiEncoding(Site.DECODER, d_model=16, n_heads=4, n_layers=1, encoder_bias=form)
+    expected = _reference_bias(alibi_slopes(4), positions, positions, "causal")
+    torch.testing.assert_close(enc.context(positions, positions), expected)
+
+
+def test_asymmetric_heads_mirror_the_slope_sequence():
+    """Head h's slope after the query is head H-1-h's before it: the steepest-left head is the
+    gentlest-right one, and every head of an even count tells the two sides apart."""
+    positions = torch.arange(3)
+    enc = ALiBiEncoding(Site.ENCODER, d_model=16, n_heads=4, n_layers=1, encoder_bias="asymmetric")
+    bias = enc.context(positions, positions)[0]
+    left, right = -bias[:, 1, 0], -bias[:, 1, 2]  # distance 1 before / after the query
+    torch.testing.assert_close(left, alibi_slopes(4))
+    torch.testing.assert_close(right, alibi_slopes(4).flip(0))
+    assert (left != right).all()
+
+
+def test_a_split_head_ignores_the_side_it_does_not_look_at_exactly():
+    """For a real query, keys on a split head's other side get exactly zero weight."""
+    positions = torch.arange(10)
+    enc = ALiBiEncoding(Site.ENCODER, d_model=16, n_heads=4, n_layers=1, encoder_bias="split")
+    scores = 5 * torch.randn(1, 4, 10, 10)
+    weights = torch.softmax(scores + enc.context(positions, positions), dim=-1)[0]
+    after = positions[None, :] > positions[:, None]
+    assert (weights[0::2][:, after] == 0).all() and (weights[1::2][:, after.T] == 0).all()
+    assert (weights[0::2][:, ~after] > 0).all() and (weights[1::2][:, ~after.T] > 0).all()
 
 
 def test_causal_bias_is_relative_it_equals_the_papers_row_independent_bias_after_softmax():
@@ -86,9 +132,14 @@ def test_causal_bias_is_relative_it_equals_the_papers_row_independent_bias_after
 
 def test_symmetric_encoder_is_equivariant_to_reversing_its_input():
     """The documented cost of the symmetric encoder form: distance without direction."""
-    model = tiny_model("alibi").eval()
+    model = tiny_model("alibi", encoder_bias="symmetric").eval()
     src = torch.randint(3, 40, (2, 9))
     with torch.no_grad():
         memory, _ = model.encode(src)
         reversed_memory, _ = model.encode(src.flip(1))
     torch.testing.assert_close(reversed_memory, memory.flip(1), atol=1e-5, rtol=1e-4)
+
+
+def test_an_unknown_encoder_form_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="encoder_bias='mirror' is unknown; use one of"):
+        ALiBiEncoding(Site.ENCODER, d_model=16, n_heads=4, n_layers=1, encoder_bias="mirror")

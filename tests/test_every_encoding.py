@@ -9,6 +9,19 @@ from conftest import PE_NAMES, tiny_model
 from posenc.encodings.base import AttentionCall, AttentionRule
 from posenc.layers import DecoderCache
 
+ENCODER_FORM_OPTIONS = [
+    (name, {"encoder_bias": form})
+    for name in ("alibi", "kerple")
+    for form in ("symmetric", "asymmetric", "split")
+]
+"""The encoder forms that configs choose between, beyond each config's default."""
+
+every_form = pytest.mark.parametrize(
+    ("name", "overrides"),
+    [(name, {}) for name in PE_NAMES] + ENCODER_FORM_OPTIONS,
+    ids=lambda value: value if isinstance(value, str) else "-".join(map(str, value.values())),
+)
+
 
 @pytest.mark.parametrize("name", PE_NAMES)
 def test_cached_greedy_decoding_gives_the_same_tokens_as_full_recomputation(name):
@@ -50,11 +63,11 @@ def test_cached_decoding_in_any_chunks_equals_teacher_forcing(name, chunks):
     torch.testing.assert_close(chunked, full, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", PE_NAMES)
-def test_every_encoding_computes_in_float64(name):
+@every_form
+def test_every_encoding_computes_in_float64(name, overrides):
     """A float64 model computes in float64 throughout: teacher forcing and chunked cached
     decoding agree to float64 precision, which exact reference tests rely on."""
-    model = tiny_model(name).double().eval()
+    model = tiny_model(name, **overrides).double().eval()
     src = torch.randint(3, 40, (2, 7))
     src[0, 4:] = 0
     tgt = torch.randint(3, 40, (2, 9))
@@ -78,9 +91,9 @@ def test_the_decoder_never_looks_ahead(name):
     assert not torch.allclose(a[:, 5:], b[:, 5:])
 
 
-@pytest.mark.parametrize("name", PE_NAMES)
-def test_source_padding_does_not_change_the_output(name):
-    model = tiny_model(name).eval()
+@every_form
+def test_source_padding_does_not_change_the_output(name, overrides):
+    model = tiny_model(name, **overrides).eval()
     src = torch.randint(3, 40, (1, 6))
     padded = torch.cat([src, torch.zeros(1, 4, dtype=torch.long)], dim=1)
     tgt = torch.randint(3, 40, (1, 5))
@@ -88,10 +101,11 @@ def test_source_padding_does_not_change_the_output(name):
         torch.testing.assert_close(model(src, tgt), model(padded, tgt), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", PE_NAMES)
+@every_form
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_no_nan_or_inf_at_length_1024(name, dtype):
-    overrides = {"max_len": 1024} if name == "learned" else {}
+def test_no_nan_or_inf_at_length_1024(name, overrides, dtype):
+    if name == "learned":
+        overrides = {**overrides, "max_len": 1024}
     model = tiny_model(name, d_model=16, n_heads=2, layers=1, **overrides)
     src = torch.randint(3, 40, (1, 1024))
     tgt = torch.randint(3, 40, (1, 1024))
@@ -103,6 +117,31 @@ def test_no_nan_or_inf_at_length_1024(name, dtype):
     for param in model.parameters():
         if param.grad is not None:
             assert torch.isfinite(param.grad).all()
+
+
+@every_form
+def test_an_encoding_sees_source_order_exactly_when_it_says_so(name, overrides):
+    """An encoding that claims position information translates a source and its reversal
+    differently; one that does not (nonepe, symmetric distance biases; declared in the README
+    table) gives the same logits. Parameters are perturbed so that learned tables that start at
+    zero (CoPE) carry positions too."""
+    model = tiny_model(name, **overrides).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.2 * torch.randn_like(param))
+    src = torch.randint(3, 40, (2, 8))
+    src[1, 5:] = 0
+    lengths = src.ne(0).sum(1)
+    reversed_src = src.clone()
+    for row, length in enumerate(lengths.tolist()):
+        reversed_src[row, :length] = src[row, :length].flip(0)
+    tgt = torch.randint(3, 40, (2, 6))
+    with torch.no_grad():
+        delta = (model(src, tgt) - model(reversed_src, tgt)).abs().max().item()
+    if model.encoder.encoding.sees_source_order:
+        assert delta > 1e-3, f"the encoder cannot tell a source from its reversal ({delta:.1e})"
+    else:
+        assert delta < 1e-4, f"declared blind to word order, yet differs by {delta:.1e}"
 
 
 @pytest.mark.parametrize("name", PE_NAMES)

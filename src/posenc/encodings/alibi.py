@@ -14,12 +14,23 @@ sequence followed by every other slope of the ``2^(floor(log2 n) + 1)`` sequence
 Where it applies: encoder self-attention and decoder self-attention, with the same slopes; no
 bias in cross-attention (source and target positions do not lie on one axis).
 
-Encoder form: the paper only trains causal language models. For bidirectional attention its
-authors point to the symmetric ``-m_h * |i - j|`` (issue #5 of their repository; also used by
-data2vec 2.0 and Voicebox), which keeps ALiBi's parameter-free recency prior. Its known cost: the
-bias carries distance but not direction, so the encoder is equivariant to reversing its input, and
-since cross-attention has no position information either, a source and its reversal give the
-decoder the same memory up to key order (see ``tests/test_alibi.py``).
+Encoder forms (the paper only trains causal language models), chosen by ``encoder_bias``:
+
+* ``symmetric``: ``-m_h |i - j|``, the form its authors point to for bidirectional attention
+  (issue #5 of their repository; also data2vec 2.0 and Voicebox). It carries distance but not
+  direction: the encoder is equivariant to reversing its input, and as cross-attention has no
+  positions either, a source and its reversal give the same translation (kept as an option, for
+  comparison; the README table says it cannot see word order);
+* ``asymmetric``: different slopes before and after the query, ``-m_h (i - j)`` for keys at or
+  before it and ``-m_(H-1-h) (j - i)`` for keys after it: each head pairs a slope with the
+  mirror slope of the geometric sequence (its steepest-left head is its gentlest-right one), so
+  every head but the middle one of an odd count tells left from right, still with no parameters;
+* ``split``: heads that look in opposite directions, as a bidirectional RNN does: even heads
+  see the keys at or before the query (the paper's causal bias), odd heads the keys at or after
+  it (its mirror), both with the paper's slopes; the other side gets the finite penalty
+  ``SPLIT_PENALTY`` rather than ``-inf``, which is exactly a mask for every real query (its own
+  key is always on its side) and keeps padding queries, whose side can be all padding, free of
+  NaN.
 
 Incremental decoding: the single new query sits at position ``call.q_pos``; its row of the bias
 is built from the absolute positions, so cached keys need no extra state.
@@ -36,6 +47,50 @@ import torch
 from torch import Tensor
 
 from posenc.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
+
+ENCODER_BIASES = ("symmetric", "asymmetric", "split")
+SPLIT_PENALTY = -1.0e4
+"""The bias of keys on the side a ``split`` head does not look at: ``exp(-1e4)`` is exactly 0
+in float32 and bfloat16, so for a real query (whose own key scores 0) it is a mask."""
+
+
+def check_encoder_bias(name: str, encoder_bias: str) -> None:
+    """ValueError unless ``encoder_bias`` is one of :data:`ENCODER_BIASES`."""
+    if encoder_bias not in ENCODER_BIASES:
+        raise ValueError(
+            f"{name}: encoder_bias={encoder_bias!r} is unknown; use one of {list(ENCODER_BIASES)}"
+        )
+
+
+def side_distances(q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """Float ``(Lq, Lk)`` distances ``i - j`` of keys before the query and ``j - i`` of keys
+    after it, each 0 on the other side (and at ``j = i``)."""
+    signed = (k_pos[None, :] - q_pos[:, None]).float()  # j - i
+    return (-signed).clamp(min=0), signed.clamp(min=0)
+
+
+def split_blocked(n_heads: int, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """Bool ``(H, Lq, Lk)``, True where a ``split`` head does not look: keys after the query
+    for even heads, keys before it for odd heads."""
+    signed = k_pos[None, :] - q_pos[:, None]
+    looks_forward = (torch.arange(n_heads, device=q_pos.device) % 2).bool()[:, None, None]
+    return torch.where(looks_forward, signed[None] < 0, signed[None] > 0)
+
+
+def sees_order(encoder_bias: str) -> bool:
+    """Whether an encoder with this distance-bias form tells a source from its reversal."""
+    return encoder_bias != "symmetric"
+
+
+def encoder_bias_text(default: str) -> str:
+    """The README's description of the distance-bias encoder forms, naming the default."""
+    forms = {
+        "asymmetric": "asymmetric (slopes before/after the query differ)",
+        "split": "split (half the heads look left, half right)",
+        "symmetric": "symmetric \\|i-j\\| (no word order)",
+    }
+    rest = ", ".join(text for form, text in forms.items() if form != default)
+    return f"{forms[default]}; options: {rest}"
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -71,14 +126,29 @@ class ALiBiEncoding(StackEncoding):
 
     Args:
         site, d_model, n_heads, n_layers: see :class:`StackEncoding`.
+        encoder_bias: the encoder form, ``symmetric``, ``asymmetric`` or ``split`` (module
+            docstring); the decoder always uses the paper's causal bias.
     """
 
     applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
-    encoder_form = "symmetric -m|i-j| (paper is causal-only; authors' repo issue #5)"
 
-    def __init__(self, site: Site, d_model: int, n_heads: int, n_layers: int) -> None:
+    def __init__(
+        self,
+        site: Site,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        encoder_bias: str = "symmetric",
+    ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
-        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+        check_encoder_bias("alibi", encoder_bias)
+        self.encoder_bias = encoder_bias
+        self.encoder_form = encoder_bias_text(encoder_bias)
+        self.sees_source_order = sees_order(encoder_bias)
+        slopes = alibi_slopes(n_heads)
+        after = slopes.flip(0) if encoder_bias == "asymmetric" else slopes
+        self.register_buffer("slopes", slopes, persistent=False)
+        self.register_buffer("slopes_after", after, persistent=False)
         self.rule = SharedBias()
 
     def context(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
@@ -86,9 +156,14 @@ class ALiBiEncoding(StackEncoding):
 
         In the decoder, entries of future keys (masked later) are 0 rather than positive.
         """
-        distance = q_pos[:, None] - k_pos[None, :]
-        distance = distance.clamp(min=0) if self.causal else distance.abs()
-        return (-self.slopes[:, None, None] * distance.float())[None]
+        before, after = side_distances(q_pos, k_pos)
+        bias = -self.slopes[:, None, None] * before
+        if self.causal:
+            return bias[None]
+        bias = bias - self.slopes_after[:, None, None] * after
+        if self.encoder_bias == "split":
+            bias = bias.masked_fill(split_blocked(self.n_heads, q_pos, k_pos), SPLIT_PENALTY)
+        return bias[None]
 
     def self_rule(self, layer: int) -> AttentionRule:
         return self.rule

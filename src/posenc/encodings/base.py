@@ -193,12 +193,15 @@ class StackEncoding(EncodingModule):
         n_heads: attention heads ``H``.
         n_layers: layers in the stack.
 
-    Class attributes ``applies_to`` and ``encoder_form`` are one-line statements shown in the
-    README table: where the encoding acts, and what the encoder (bidirectional) form is.
+    ``applies_to`` and ``encoder_form`` are one-line statements shown in the README table:
+    where the encoding acts, and what the encoder (bidirectional) form is. ``sees_source_order``
+    states whether the encoder tells a source from its reversal (the generic tests check it);
+    an encoding whose encoder form is chosen by a setting sets the last two per instance.
     """
 
     applies_to: str = "nowhere (no position information)"
     encoder_form: str = "-"
+    sees_source_order: bool = True
 
     def __init__(self, site: Site, d_model: int, n_heads: int, n_layers: int) -> None:
         super().__init__()
@@ -228,3 +231,10 @@ class StackEncoding(EncodingModule):
         """The cross-attention rule of decoder layer ``layer``: plain attention by default, since
         source and target positions do not lie on one axis."""
         return AttentionRule()
+
+
+class NoPositions(StackEncoding):
+    """``nonepe``, the control: no position information anywhere, so the model sees a source
+    as a bag of tokens."""
+
+    sees_source_order = False

@@ -16,10 +16,17 @@ Matching the official code (chijames/KERPLE, ``ParallelKerpleLog`` in ``megatron
   parameter and can move it back up, unlike a clamp inside the graph;
 * the bias is added after the ``1/sqrt(D)`` scaling of ``q k^T``, as posenc's attention does.
 
-Where it applies: encoder self-attention (symmetric ``|i - j|``) and decoder self-attention
-(causal: ``i - j`` for ``j <= i``, the paper's form); nothing in cross-attention. The paper is
-evaluated on causal language models only; the symmetric kernel is its natural bidirectional form
-(the kernel is defined on ``|m - n|``), at the cost of carrying no left/right information.
+Where it applies: encoder and decoder self-attention (causal: ``i - j`` for ``j <= i``, the
+paper's form); nothing in cross-attention. The paper is evaluated on causal language models only;
+its encoder forms (``encoder_bias``, as for ALiBi, :mod:`posenc.encodings.alibi`):
+
+* ``symmetric``: ``-p_h log(1 + a_h |i - j|)``, the kernel's natural bidirectional form (it is
+  defined on ``|m - n|``), which carries no left/right information: a source and its reversal
+  give the same translation;
+* ``asymmetric``: a second learned pair ``(p'_h, a'_h)`` for keys after the query,
+  ``-p'_h log(1 + a'_h (j - i))``, initialised like the first and independently of it;
+* ``split``: even heads see keys at or before the query, odd heads keys at or after it, both
+  with the one kernel; the other side gets ``SPLIT_PENALTY`` (a mask for real queries).
 
 The ``(1, H, Lq, Lk)`` bias is computed once per forward in :meth:`KerpleEncoding.context`;
 gradients from every layer reach ``p`` and ``a`` through it. Incremental decoding builds the
@@ -31,7 +38,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc.encodings.alibi import SharedBias
+from posenc.encodings.alibi import (
+    SPLIT_PENALTY,
+    SharedBias,
+    check_encoder_bias,
+    encoder_bias_text,
+    sees_order,
+    side_distances,
+    split_blocked,
+)
 from posenc.encodings.base import AttentionRule, Site, StackEncoding
 
 
@@ -43,10 +58,11 @@ class KerpleEncoding(StackEncoding):
         p_init: ``p_h`` starts ``U(0, p_init)`` (official code: 2).
         a_init: ``a_h`` starts ``U(0, a_init)`` (official code: 1).
         eps: lower bound enforced on ``p`` and ``a`` by projection (official code: 0.01).
+        encoder_bias: the encoder form, ``symmetric``, ``asymmetric`` or ``split`` (module
+            docstring); the decoder always uses the paper's causal kernel.
     """
 
     applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
-    encoder_form = "symmetric -p log(1 + a|i-j|) (paper is causal-only)"
 
     def __init__(
         self,
@@ -57,28 +73,47 @@ class KerpleEncoding(StackEncoding):
         p_init: float = 2.0,
         a_init: float = 1.0,
         eps: float = 0.01,
+        encoder_bias: str = "symmetric",
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
+        check_encoder_bias("kerple", encoder_bias)
         self.p_init = p_init
         self.a_init = a_init
         self.eps = eps
+        self.encoder_bias = encoder_bias
+        self.encoder_form = encoder_bias_text(encoder_bias)
+        self.sees_source_order = sees_order(encoder_bias)
         self.p = nn.Parameter(torch.empty(n_heads))
         self.a = nn.Parameter(torch.empty(n_heads))
+        two_sided = encoder_bias == "asymmetric" and not self.causal
+        self.p_after = nn.Parameter(torch.empty(n_heads)) if two_sided else None
+        self.a_after = nn.Parameter(torch.empty(n_heads)) if two_sided else None
         self.rule = SharedBias()
         self.reset_parameters()
 
+    def _pairs(self) -> list[tuple[nn.Parameter, nn.Parameter]]:
+        """The ``(p, a)`` pairs: the one for keys at or before the query, then the one for keys
+        after it (``asymmetric`` encoder only)."""
+        pairs = [(self.p, self.a)]
+        if self.p_after is not None:
+            pairs.append((self.p_after, self.a_after))
+        return pairs
+
     def reset_parameters(self) -> None:
-        nn.init.uniform_(self.p, 0.0, self.p_init)
-        nn.init.uniform_(self.a, 0.0, self.a_init)
+        for p, a in self._pairs():
+            nn.init.uniform_(p, 0.0, self.p_init)
+            nn.init.uniform_(a, 0.0, self.a_init)
         self.project()
 
     @torch.no_grad()
     def project(self) -> None:
-        """Clamp ``p`` and ``a`` up to ``eps`` in place (only when needed, so the parameters'
-        version counter, which guards saved autograd graphs, changes only on a real edit)."""
-        for param in (self.p, self.a):
-            if bool((param < self.eps).any()):
-                param.clamp_(min=self.eps)
+        """Clamp every ``p`` and ``a`` up to ``eps`` in place (only when needed, so the
+        parameters' version counter, which guards saved autograd graphs, changes only on a real
+        edit)."""
+        for pair in self._pairs():
+            for param in pair:
+                if bool((param < self.eps).any()):
+                    param.clamp_(min=self.eps)
 
     def context(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The bias ``(1, H, Lq, Lk)`` for queries at ``q_pos (Lq,)`` and keys at ``k_pos (Lk,)``.
@@ -86,10 +121,18 @@ class KerpleEncoding(StackEncoding):
         In the decoder, entries of future keys (masked later) use distance 0.
         """
         self.project()
-        distance = q_pos[:, None] - k_pos[None, :]
-        distance = (distance.clamp(min=0) if self.causal else distance.abs()).float()
-        p, a = self.p[:, None, None], self.a[:, None, None]
-        return (-p * torch.log1p(a * distance))[None]
+        before, after = side_distances(q_pos, k_pos)
+        pairs = self._pairs()
+        p, a = (x[:, None, None] for x in pairs[0])
+        if self.causal:
+            return (-p * torch.log1p(a * before))[None]
+        if self.encoder_bias == "symmetric":
+            return (-p * torch.log1p(a * (before + after)))[None]
+        p_after, a_after = (x[:, None, None] for x in pairs[-1])
+        bias = -p * torch.log1p(a * before) - p_after * torch.log1p(a_after * after)
+        if self.encoder_bias == "split":
+            bias = bias.masked_fill(split_blocked(self.n_heads, q_pos, k_pos), SPLIT_PENALTY)
+        return bias[None]
 
     def self_rule(self, layer: int) -> AttentionRule:
         return self.rule

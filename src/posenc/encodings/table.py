@@ -7,23 +7,28 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from posenc.encodings import encoding_factory
+from posenc.encodings.base import Site
 from posenc.markdown import fill_section
 
 
 def encodings_table(pe_dir: Path) -> str:
-    """Markdown: one row per ``configs/pe/*.yaml`` with where it acts and its encoder form."""
+    """Markdown: one row per ``configs/pe/*.yaml`` with where it acts, its encoder form (with
+    the config's settings) and whether the encoder sees the source's word order."""
     rows = [
-        "| `pe=` | class | where it acts | encoder (bidirectional) form |",
-        "|---|---|---|---|",
+        "| `pe=` | class | where it acts | encoder (bidirectional) form | source order |",
+        "|---|---|---|---|---|",
     ]
     for path in sorted(pe_dir.glob("*.yaml")):
         cfg = OmegaConf.to_container(OmegaConf.load(path))
-        cls = encoding_factory(cfg).func
+        factory = encoding_factory(cfg)
+        cls = factory.func
+        encoder = factory(Site.ENCODER, d_model=16, n_heads=2, n_layers=1)
         cells = [
             f"`{cfg['name']}`",
             f"`{cls.__module__.split('.')[-1]}.{cls.__name__}`",
-            cls.applies_to,
-            cls.encoder_form,
+            encoder.applies_to,
+            encoder.encoder_form,
+            "yes" if encoder.sees_source_order else "**no** (a source and its reversal match)",
         ]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
