@@ -87,7 +87,7 @@ def encoder_bias_text(default: str) -> str:
     forms = {
         "asymmetric": "asymmetric (slopes before/after the query differ)",
         "split": "split (half the heads look left, half right)",
-        "symmetric": "symmetric \\|i-j\\| (no word order)",
+        "symmetric": "symmetric in |i-j| (no word order)",
     }
     rest = ", ".join(text for form, text in forms.items() if form != default)
     return f"{forms[default]}; options: {rest}"
