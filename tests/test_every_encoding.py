@@ -6,8 +6,10 @@ import pytest
 import torch
 from conftest import PE_NAMES, tiny_model
 
-from posenc.encodings.base import AttentionCall, AttentionRule
-from posenc.layers import DecoderCache
+from posenc.attention import MultiHeadAttention
+from posenc.encodings.base import AttentionCall, AttentionRule, EncodingModule
+from posenc.layers import DecoderCache, FeedForward
+from posenc.optim import parameter_groups
 
 ENCODER_FORM_OPTIONS = [
     (name, {"encoder_bias": form})
@@ -144,15 +146,41 @@ def test_an_encoding_sees_source_order_exactly_when_it_says_so(name, overrides):
         assert delta < 1e-4, f"declared blind to word order, yet differs by {delta:.1e}"
 
 
-@pytest.mark.parametrize("name", PE_NAMES)
-def test_every_encoding_parameter_gets_a_gradient(name):
-    model = tiny_model(name)
+@every_form
+def test_every_parameter_gets_a_gradient(name, overrides):
+    model = tiny_model(name, **overrides)
     src = torch.randint(3, 40, (2, 9))
     tgt = torch.randint(3, 40, (2, 8))
     model(src, tgt).logsumexp(-1).mean().backward()
     for pname, param in model.named_parameters():
-        if "encoding" in pname and param.requires_grad:
-            assert param.grad is not None and param.grad.abs().sum() > 0, pname
+        assert param.requires_grad, pname
+        assert param.grad is not None and param.grad.abs().sum() > 0, pname
+
+
+@every_form
+def test_weight_decay_follows_one_rule_for_every_encoding(name, overrides):
+    """Decayed: exactly the attention projections and feed-forward matrices. Not decayed:
+    embeddings (the tied output layer), norms, biases and every parameter of an encoding
+    (position tables, gates, slopes, kernels). Each parameter is in exactly one group."""
+    model = tiny_model(name, **overrides)
+    decay, no_decay = parameter_groups(model, weight_decay=0.01)
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    in_decay = {id(p) for p in decay["params"]}
+    in_no_decay = {id(p) for p in no_decay["params"]}
+    assert not in_decay & in_no_decay
+    assert in_decay | in_no_decay == {id(p) for p in model.parameters()}
+    expected = set()
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            expected |= {id(module.q_proj.weight), id(module.kv_proj.weight)}
+            expected.add(id(module.out_proj.weight))
+        elif isinstance(module, FeedForward):
+            expected |= {id(module.up.weight), id(module.down.weight)}
+    assert in_decay == expected
+    owned_by_encodings = {
+        id(p) for m in model.modules() if isinstance(m, EncodingModule) for p in m.parameters()
+    }
+    assert owned_by_encodings <= in_no_decay
 
 
 @pytest.mark.parametrize("name", PE_NAMES)

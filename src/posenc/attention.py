@@ -31,6 +31,11 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)
         self.rule = rule
 
+    def decayed_parameters(self) -> list[nn.Parameter]:
+        """The projection matrices, which weight decay applies to (see :mod:`posenc.optim`);
+        biases and the rule's parameters are not decayed."""
+        return [self.q_proj.weight, self.kv_proj.weight, self.out_proj.weight]
+
     def _split(self, x: Tensor) -> Tensor:
         """``(B, L, H*D)`` -> ``(B, H, L, D)``."""
         b, l, _ = x.shape

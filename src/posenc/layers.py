@@ -46,6 +46,10 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(spec.dropout)
         self.activation = _ACTIVATIONS[spec.activation]
 
+    def decayed_parameters(self) -> list[nn.Parameter]:
+        """The two matrices, which weight decay applies to (see :mod:`posenc.optim`)."""
+        return [self.up.weight, self.down.weight]
+
     def forward(self, x: Tensor) -> Tensor:
         return self.down(self.dropout(self.activation(self.up(x))))
 

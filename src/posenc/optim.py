@@ -1,4 +1,12 @@
-"""AdamW and learning-rate schedules (warmup then inverse square root, cosine, linear, constant)."""
+"""AdamW with one weight-decay rule for every encoding, and learning-rate schedules (warmup then
+inverse square root, cosine, linear, constant).
+
+The weight-decay rule: only the matrices that a module declares through ``decayed_parameters()``
+are decayed. posenc's attention declares its q/k/v/output projections and its feed-forward
+block its two matrices; nothing else declares any, so embeddings (and the tied output layer),
+norms, biases and every parameter an encoding owns (position tables, gates, slopes, kernels)
+are not decayed. The rule follows the code that owns a parameter, never its name.
+"""
 
 from __future__ import annotations
 
@@ -11,19 +19,31 @@ from torch import nn
 SCHEDULES = ("inverse_sqrt", "cosine", "linear", "constant")
 
 
-def make_optimizer(model: nn.Module, lr: float, betas, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW; no weight decay on biases, norms, embeddings and position tables (1-D or tables)."""
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        is_matrix = param.dim() >= 2 and "embed" not in name and "encoding" not in name
-        (decay if is_matrix else no_decay).append(param)
-    groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+def decayed_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters that the modules of ``model`` declare for weight decay (each once)."""
+    found: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        declare = getattr(module, "decayed_parameters", None)
+        if callable(declare):
+            for param in declare():
+                found[id(param)] = param
+    return list(found.values())
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: the declared matrices with ``weight_decay``, every other trainable
+    parameter with 0."""
+    decayed = {id(p) for p in decayed_parameters(model)}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in trainable if id(p) in decayed], "weight_decay": weight_decay},
+        {"params": [p for p in trainable if id(p) not in decayed], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas))
+
+
+def make_optimizer(model: nn.Module, lr: float, betas, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over :func:`parameter_groups`."""
+    return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, betas=tuple(betas))
 
 
 def lr_factor(
