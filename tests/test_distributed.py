@@ -73,7 +73,7 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["model"]
+    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
 
 
 def test_two_processes_train_like_one_process_on_the_union_of_their_batches(tmp_path):

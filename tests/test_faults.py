@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from posenc import checkpoint
 from posenc import train as train_module
 from posenc.cli import run
+from posenc.overrides import paste
 
 OVERRIDES = (
     *SMOKE,
@@ -70,7 +72,16 @@ def kill(job: subprocess.Popen) -> None:
 
 
 def saved_step(path: Path) -> int:
-    return torch.load(path, weights_only=False)["state"]["step"]
+    return torch.load(path, weights_only=True)["state"]["step"]
+
+
+def pasted(message: str, key: str, path: Path) -> str:
+    """The override ``key=path`` exactly as ``message`` prints it, read back the way a shell
+    reads a pasted command line."""
+    word = paste(key, path)
+    assert word in message, message
+    (override,) = shlex.split(word)
+    return override
 
 
 def failure(run_dir: Path) -> str:
@@ -114,8 +125,8 @@ def test_repeated_kills_at_random_moments_change_nothing(tmp_path):
     straight = tmp_path / "straight"
     run(compose(*overrides), straight)
     assert logged_steps(killed) == logged_steps(straight) == list(range(1, 61))
-    expected = torch.load(straight / "checkpoints" / "last.pt", weights_only=False)["model"]
-    final = torch.load(killed / "checkpoints" / "last.pt", weights_only=False)["model"]
+    expected = torch.load(straight / "checkpoints" / "last.pt", weights_only=True)["model"]
+    final = torch.load(killed / "checkpoints" / "last.pt", weights_only=True)["model"]
     for name, value in expected.items():
         torch.testing.assert_close(final[name], value, msg=name)
     assert not list((killed / "checkpoints").glob(".*.tmp"))
@@ -162,9 +173,9 @@ def test_a_truncated_checkpoint_names_the_file_and_the_previous_one_resumes(tmp_
         run(compose(*OVERRIDES, "trainer.max_steps=6"), tmp_path)
     message = failure(tmp_path)
     assert message.startswith(f"checkpoint {last} is corrupt or truncated")
-    assert f"trainer.resume={previous}" in message
 
-    run(compose(*OVERRIDES, "trainer.max_steps=6", f"trainer.resume={previous}"), tmp_path)
+    resume = pasted(message, "trainer.resume", previous)
+    run(compose(*OVERRIDES, "trainer.max_steps=6", resume), tmp_path)
     assert saved_step(last) == 6
     assert not (tmp_path / "failed.json").exists()
 
@@ -180,13 +191,79 @@ def test_garbage_and_foreign_checkpoints_are_refused_with_the_file_name(tmp_path
         checkpoint.load(foreign)
 
 
-def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path):
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path, caplog):
     run(compose(*OVERRIDES, "trainer.max_steps=2"), tmp_path / "small")
     other = tmp_path / "small" / "checkpoints" / "last.pt"
     with pytest.raises(SystemExit):
         run(compose(*OVERRIDES, "model.d_model=64", f"trainer.resume={other}"), tmp_path / "big")
-    message = failure(tmp_path / "big")
+    (message,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert f"checkpoint {other} was trained with model.d_model=32 (now 64)" in message
+    with pytest.raises(SystemExit):  # a deliberate fine-tune still needs weights that fit
+        run(compose(*OVERRIDES, "model.d_model=64", f"trainer.init_from={other}"), tmp_path / "b")
+    message = failure(tmp_path / "b")
     assert f"checkpoint {other} does not fit this run" in message and "size mismatch" in message
+
+
+def test_resuming_under_another_encoding_stops_and_leaves_the_run_untouched(tmp_path, caplog):
+    """A ``pe=rope`` checkpoint resumed with ``pe=alibi`` would train on and label the results
+    alibi: it stops with one line naming both, and writes nothing into the rope run."""
+    run_dir = tmp_path / "run"
+    run(compose(*OVERRIDES, "pe=rope", "trainer.max_steps=2"), run_dir)
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit):
+        run(compose(*OVERRIDES, "pe=alibi", "trainer.max_steps=4"), run_dir)
+    (message,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    last = run_dir / "checkpoints" / "last.pt"
+    assert f"checkpoint {last} was trained with pe.name=rope (now alibi)" in message
+    assert "\n" not in message
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()} == before
+
+    fine_tune = pasted(message, "trainer.init_from", last)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        run(compose(*OVERRIDES, "pe=alibi", "trainer.max_steps=2", fine_tune), tmp_path / "ft")
+    assert any("fine-tuning from the weights of" in r.getMessage() for r in caplog.records)
+    assert saved_step(tmp_path / "ft" / "checkpoints" / "last.pt") == 2  # its own step count
+
+
+@pytest.mark.parametrize("key", ["model.n_heads=2", "tokenizer.vocab_size=512", "pe.base=500"])
+def test_resuming_with_another_model_shape_or_tokenizer_stops(tmp_path, caplog, key):
+    run(compose(*OVERRIDES, "pe=rope", "trainer.max_steps=2"), tmp_path)
+    with pytest.raises(SystemExit):
+        run(compose(*OVERRIDES, "pe=rope", "trainer.max_steps=4", key), tmp_path)
+    (message,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    name, value = key.split("=")
+    assert f"{name}=" in message and f"(now {value})" in message
+    assert saved_step(tmp_path / "checkpoints" / "last.pt") == 2
+
+
+class RunsCode:
+    """Pickles as a call of ``os.mkdir(marker)``: what a crafted checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def test_a_checkpoint_whose_pickle_would_run_code_is_refused_and_nothing_runs(tmp_path, caplog):
+    marker = tmp_path / "code-ran"
+    crafted = tmp_path / "shared.pt"
+    torch.save({"model": {}, "state": RunsCode(marker)}, crafted)
+    assert not marker.exists()
+    with pytest.raises(checkpoint.CheckpointError, match="refused: it names '.*mkdir'"):
+        checkpoint.load(crafted)
+    with pytest.raises(SystemExit):
+        run(compose(*OVERRIDES, f"trainer.resume={crafted}"), tmp_path / "run")
+    assert "refused" in failure(tmp_path / "run") and not marker.exists()
+
+
+def test_a_checkpoint_holds_tensors_and_plain_values_only(tmp_path):
+    run(compose(*OVERRIDES, "trainer.max_steps=2"), tmp_path)
+    for name in ("last.pt", "best.pt", "previous.pt"):
+        payload = torch.load(tmp_path / "checkpoints" / name, weights_only=True)
+        assert payload["config"]["pe"]["name"] == "nonepe"
 
 
 # --- NaN -------------------------------------------------------------------------------------
@@ -222,7 +299,10 @@ def test_a_nan_loss_after_a_checkpoint_names_the_step_and_the_checkpoint(tmp_pat
         run(compose(*OVERRIDES, "trainer.max_steps=4"), tmp_path)
     message = failure(tmp_path)
     assert message.startswith("loss became nan at step 3; lower trainer.lr")
-    assert f"trainer.resume={tmp_path / 'checkpoints' / 'last.pt'}" in message
+    resume = pasted(message, "trainer.resume", tmp_path / "checkpoints" / "last.pt")
+    monkeypatch.undo()
+    run(compose(*OVERRIDES, "trainer.max_steps=4", resume), tmp_path)  # pasted as printed
+    assert saved_step(tmp_path / "checkpoints" / "last.pt") == 4
 
 
 # --- settings --------------------------------------------------------------------------------

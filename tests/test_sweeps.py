@@ -59,9 +59,9 @@ def test_rerunning_a_sweep_runs_only_the_failed_and_missing_jobs(tmp_path, monke
     corrupt.unlink()  # what the message says to do
     trained = []
 
-    def recording_train(cfg, run_dir):
+    def recording_train(cfg, run_dir, start=None):
         trained.append(run_dir)
-        return real_train(cfg, run_dir)
+        return real_train(cfg, run_dir, start)
 
     real_train = cli.train
     monkeypatch.setattr(cli, "train", recording_train)

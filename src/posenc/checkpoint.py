@@ -4,17 +4,25 @@ renamed over the old one, so a kill at any moment leaves the previous checkpoint
 ``RUN/checkpoints/last.pt`` is the newest checkpoint; before it is replaced, the one it replaces
 becomes ``previous.pt`` (a hard link, so ``last.pt`` is complete at every moment). A kill during
 a save leaves a hidden ``.last.pt.XXXX.tmp`` behind, which :func:`remove_stale` deletes.
+
+A checkpoint holds tensors and plain values only (dicts, lists, tuples, numbers, strings), so it
+loads with ``torch.load(..., weights_only=True)``: opening a run someone shared never runs code
+that a crafted pickle would carry; such a file is refused with one line.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from posenc.overrides import paste
 
 PREVIOUS = "previous.pt"
 
@@ -74,18 +82,32 @@ def _fallback(path: Path) -> str:
         other = path.with_name(name)
         if other != path and other.is_file():
             return (
-                f"resume from the one before with trainer.resume={other}, "
+                f"resume from the one before with {paste('trainer.resume', other)}, "
                 f"or delete {path.name} to start over"
             )
     return "delete it to start over, or resume from another one with trainer.resume=PATH"
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Load a checkpoint dict on the CPU, or raise :class:`CheckpointError` naming the file."""
+    """Load a checkpoint dict on the CPU with ``weights_only=True``, or raise
+    :class:`CheckpointError` naming the file (missing, corrupt, or holding anything but tensors
+    and plain values)."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; check trainer.resume")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        if found is None:  # not a forbidden object: a damaged pickle
+            raise CheckpointError(
+                f"checkpoint {path} is corrupt or truncated (UnpicklingError); {_fallback(path)}"
+            ) from err
+        raise CheckpointError(
+            f"checkpoint {path} refused: it names '{found.group(1)}', not a tensor or plain "
+            "value, and "
+            "loading it could run code; posenc checkpoints hold tensors and plain values only "
+            "(one written by posenc before weights-only checkpoints cannot be loaded)"
+        ) from None
     except Exception as err:
         raise CheckpointError(
             f"checkpoint {path} is corrupt or truncated ({type(err).__name__}); {_fallback(path)}"

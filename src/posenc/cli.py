@@ -21,7 +21,7 @@ from posenc import distributed
 from posenc.checkpoint import CheckpointError
 from posenc.data import DataError
 from posenc.evaluate import evaluate
-from posenc.train import TrainingError, resolve_device, train
+from posenc.train import RunMismatchError, TrainingError, find_start, resolve_device, train
 
 log = logging.getLogger("posenc")
 
@@ -38,8 +38,9 @@ def _absolute_paths(cfg: DictConfig) -> None:
         if cfg.tokenizer.get("vocab_file"):
             cfg.tokenizer.vocab_file = to_absolute_path(cfg.tokenizer.vocab_file)
         cfg.cache_dir = to_absolute_path(str(Path(cfg.cache_dir).expanduser()))
-        if cfg.trainer.resume:
-            cfg.trainer.resume = to_absolute_path(cfg.trainer.resume)
+        for key in ("resume", "init_from"):
+            if cfg.trainer.get(key):
+                cfg.trainer[key] = to_absolute_path(cfg.trainer[key])
 
 
 def hydra_job() -> tuple[Path, bool]:
@@ -92,6 +93,7 @@ def _run(cfg: DictConfig, run_dir: Path, multirun: bool) -> dict[str, Any] | Non
     failure_path = run_dir / "failed.json"
     try:
         distributed.setup(resolve_device(cfg.device))
+        start = find_start(cfg, run_dir)  # before anything is written: the run may be another's
         if distributed.is_main():
             run_dir.mkdir(parents=True, exist_ok=True)
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -100,7 +102,7 @@ def _run(cfg: DictConfig, run_dir: Path, multirun: bool) -> dict[str, Any] | Non
         if done is not None:
             log.info("%s is already trained and evaluated; nothing to do", run_dir)
             return done if distributed.is_main() else None
-        summary = train(cfg, run_dir)
+        summary = train(cfg, run_dir, start)
         if not distributed.is_main():
             return None
         metrics = _read_json(run_dir / "metrics.json")
@@ -112,7 +114,7 @@ def _run(cfg: DictConfig, run_dir: Path, multirun: bool) -> dict[str, Any] | Non
         metrics = evaluate(cfg, run_dir)
     except USER_ERRORS as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if distributed.is_main():
+        if distributed.is_main() and not isinstance(err, RunMismatchError):
             run_dir.mkdir(parents=True, exist_ok=True)
             failure_path.write_text(json.dumps({"error": type(err).__name__, "message": message}))
         log.error("%s: %s", type(err).__name__, message)

@@ -1,16 +1,22 @@
 """Decode test sets with batched greedy search and score them.
 
-Writes, per split, ``hypotheses.<split>.txt`` and ``references.<split>.txt`` (detokenised) into
-the run directory, and ``metrics.json`` with sacreBLEU (and signature), chrF, BERTScore (model,
-layer, hash), the test loss, decoding time and speed, and BLEU/loss by source-length bucket.
+Writes, per split, ``hypotheses.<split>.txt`` and ``references.<split>.txt`` (detokenised) and
+``metrics.json`` with sacreBLEU (and signature), chrF, BERTScore (model, layer, hash), the test
+loss, decoding time and speed, and BLEU/loss by source-length bucket.
 
-Standalone: ``python -m posenc.evaluate run_dir=PATH [eval.KEY=VALUE ...]``.
+The evaluation that training runs goes into the run directory itself; when a continued run is
+evaluated again at a later step, the earlier evaluation moves to ``RUN/evals/step=N/`` first.
+A standalone evaluation, ``python -m posenc.evaluate run_dir=PATH [KEY=VALUE ...]``, composes
+its overrides onto the run's saved config (typos and wrong types refused) and writes into
+``RUN/evals/<overrides>,step=N/``: it never replaces what training wrote, and re-running the
+same evaluation reads the one already there.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -141,10 +147,11 @@ def evaluate_split(
     eval_cfg: DictConfig,
     bertscore: BertScore,
     device: torch.device,
-    run_dir: Path,
+    out_dir: Path,
     split: str,
 ) -> dict[str, Any]:
-    """Decode and score one split; writes its hypothesis and reference files."""
+    """Decode and score one split; writes its hypothesis and reference files into
+    ``out_dir``."""
     if eval_cfg.max_sentences:
         corpus = Corpus(
             corpus.name, corpus.src[: eval_cfg.max_sentences], corpus.tgt[: eval_cfg.max_sentences]
@@ -162,8 +169,8 @@ def evaluate_split(
         device,
     )
     hypotheses = [tokenizer.decode(row) for row in ids]
-    (run_dir / f"hypotheses.{split}.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    (run_dir / f"references.{split}.txt").write_text("\n".join(corpus.tgt) + "\n", encoding="utf-8")
+    (out_dir / f"hypotheses.{split}.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    (out_dir / f"references.{split}.txt").write_text("\n".join(corpus.tgt) + "\n", encoding="utf-8")
     nll, counts = sentence_losses(model, tokenizer, sources, targets, eval_cfg.batch_tokens, device)
     generated = sum(len(row) + 1 for row in ids)
     result: dict[str, Any] = {
@@ -196,12 +203,18 @@ def evaluate_split(
     return result
 
 
-def load_run_model(run_dir: Path, cfg: DictConfig, which: str, device: torch.device):
-    """The tokenizer and the model of a run directory at its ``best`` or ``last`` checkpoint."""
-    tokenizer = load_tokenizer(run_dir / "tokenizer")
+def checkpoint_path(run_dir: Path, which: str) -> Path:
+    """``RUN/checkpoints/{which}.pt`` (``best`` falls back to ``last``)."""
     path = run_dir / "checkpoints" / f"{which}.pt"
     if not path.exists() and which == "best":
         path = run_dir / "checkpoints" / "last.pt"
+    return path
+
+
+def load_run_model(run_dir: Path, cfg: DictConfig, which: str, device: torch.device):
+    """The tokenizer and the model of a run directory at its ``best`` or ``last`` checkpoint."""
+    tokenizer = load_tokenizer(run_dir / "tokenizer")
+    path = checkpoint_path(run_dir, which)
     payload = checkpoint.load(path)
     model = build_model(
         cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
@@ -223,10 +236,43 @@ def variant_model(
     return variant.to(device).eval()
 
 
-def evaluate(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Evaluate ``run_dir`` on ``cfg.eval.splits``; writes and returns ``metrics.json``."""
+EVALUATION_FILES = ("metrics.json", "hypotheses.*.txt", "references.*.txt", "attention.*")
+
+
+def archive_evaluation(run_dir: Path, step: int) -> Path | None:
+    """Move the run's own evaluation of another step than ``step`` to ``RUN/evals/step=N/``,
+    so a continued run's new evaluation replaces nothing; returns where it went."""
+    previous = _read_json(run_dir / "metrics.json")
+    if previous is None or previous.get("step") == step:
+        return None
+    target = run_dir / "evals" / f"step={previous.get('step')}"
+    target.mkdir(parents=True, exist_ok=True)
+    for pattern in EVALUATION_FILES:
+        for path in run_dir.glob(pattern):
+            path.replace(target / path.name)
+    log.info("the evaluation at step %s moved to %s", previous.get("step"), target)
+    return target
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def evaluate(cfg: DictConfig, run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
+    """Evaluate ``run_dir`` on ``cfg.eval.splits``; writes ``metrics.json`` and the other
+    files into ``out_dir`` (default: the run directory, whose earlier evaluation of another step
+    is archived first) and returns the metrics."""
     device = resolve_device(cfg.device)
     tokenizer, model, step, path = load_run_model(run_dir, cfg, cfg.eval.checkpoint, device)
+    own = out_dir is None
+    out_dir = run_dir if own else out_dir
+    if own:
+        archive_evaluation(run_dir, step)
+    out_dir.mkdir(parents=True, exist_ok=True)
     corpora = load_corpora(cfg.data)
     missing = [s for s in cfg.eval.splits if s not in corpora]
     if missing:
@@ -242,7 +288,7 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     }
     for split in cfg.eval.splits:
         metrics["splits"][split] = evaluate_split(
-            model, tokenizer, corpora[split], cfg.eval, bertscore, device, run_dir, split
+            model, tokenizer, corpora[split], cfg.eval, bertscore, device, out_dir, split
         )
     variants = cfg.eval.get("pe_variants") or {}
     if variants:
@@ -259,21 +305,21 @@ def evaluate(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                     cfg.eval,
                     bertscore,
                     device,
-                    run_dir,
+                    out_dir,
                     f"{split}.{name}",
                 )
                 for split in cfg.eval.splits
             },
         }
     _save_attention_example(
-        model, tokenizer, corpora[cfg.eval.splits[0]], cfg, run_dir, device, step
+        model, tokenizer, corpora[cfg.eval.splits[0]], cfg, out_dir, device, step, log_to=run_dir
     )
     summary_path = run_dir / "train_summary.json"
     if summary_path.exists():
         metrics["train"] = json.loads(summary_path.read_text())
-    tmp = run_dir / ".metrics.json.tmp"
+    tmp = out_dir / ".metrics.json.tmp"
     tmp.write_text(json.dumps(metrics, indent=2))
-    tmp.replace(run_dir / "metrics.json")
+    tmp.replace(out_dir / "metrics.json")
     return metrics
 
 
@@ -282,38 +328,102 @@ def _save_attention_example(
     tokenizer,
     corpus: Corpus,
     cfg: DictConfig,
-    run_dir: Path,
+    out_dir: Path,
     device: torch.device,
     step: int,
+    log_to: Path,
 ) -> None:
-    """Layer-0 attention of the first sentence pair of ``corpus`` -> npz, PNG and TensorBoard."""
+    """Layer-0 attention of the first sentence pair of ``corpus`` -> npz and PNG in
+    ``out_dir``; also to the run's TensorBoard when ``out_dir`` is the run ``log_to`` itself."""
     maps = example_attention(model, tokenizer, corpus.src[0], corpus.tgt[0], device)
-    np.savez_compressed(run_dir / "attention.npz", **maps)
+    np.savez_compressed(out_dir / "attention.npz", **maps)
     image = plot_attention(
         maps,
         f"{cfg.pe.name}: layer-0 attention on '{corpus.src[0][:60]}'",
-        run_dir / "attention.png",
+        out_dir / "attention.png",
     )
-    logger = RunLogger(run_dir / "tb", resume_step=step, resume_seconds=1e12)
-    logger.image("attention/layer0", image, step)
-    logger.close()
+    if out_dir == log_to:
+        logger = RunLogger(log_to / "tb", resume_step=step, resume_seconds=1e12)
+        logger.image("attention/layer0", image, step)
+        logger.close()
+
+
+USAGE = "usage: python -m posenc.evaluate run_dir=PATH [KEY=VALUE ...]"
+
+
+def compose_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
+    """The run's saved ``config.yaml`` with ``overrides`` applied by Hydra in struct mode (an
+    unknown key is refused), then the schema's type and range checks.
+
+    Raises:
+        SystemExit: with one line naming the bad override or value.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from posenc.schema import check_types
+
+    try:
+        with initialize_config_dir(str(run_dir.resolve()), version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+        check_types(OmegaConf.to_container(cfg, resolve=True))
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        detail = f" ({lines[-1].strip()})" if len(lines) > 1 and "struct" in lines[-1] else ""
+        raise SystemExit(f"posenc.evaluate: {lines[0] if lines else err}{detail}") from None
+    return cfg
+
+
+def evaluation_dir(run_dir: Path, overrides: list[str], step: int) -> Path:
+    """``RUN/evals/<overrides>,step=N``: one directory per distinct standalone evaluation."""
+    items = sorted([*overrides, f"step={step}"])
+    name = re.sub(r"[^\w.=,+\-{}:\[\]]", "_", ",".join(items))
+    return run_dir / "evals" / name
+
+
+def check_run_dir(run_dir: Path, which: str) -> Path:
+    """The checkpoint to evaluate; SystemExit (one line) for a run that failed or has none."""
+    if not (run_dir / "config.yaml").exists():
+        raise SystemExit(f"{run_dir / 'config.yaml'} not found: is {run_dir} a posenc run?")
+    failed = _read_json(run_dir / "failed.json")
+    if failed is not None:
+        raise SystemExit(
+            f"{run_dir} failed ({failed.get('error')}: {failed.get('message')}); fix the cause "
+            "and run its training command again"
+        )
+    path = checkpoint_path(run_dir, which)
+    if not path.exists():
+        raise SystemExit(
+            f"{run_dir} has no checkpoint ({path.relative_to(run_dir)}); train it first"
+        )
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m posenc.evaluate run_dir=PATH [KEY=VALUE ...]``: overrides apply to the run's
-    saved config (e.g. ``eval.use_cache=false``, ``eval.splits=[test,long]``)."""
+    saved config (e.g. ``eval.use_cache=false``, ``eval.splits=[test,long]``); the results go
+    to ``RUN/evals/<overrides>,step=N/``."""
     args = list(sys.argv[1:] if argv is None else argv)
     run_args = [a for a in args if a.startswith("run_dir=")]
-    if not run_args:
-        raise SystemExit("usage: python -m posenc.evaluate run_dir=PATH [eval.KEY=VALUE ...]")
+    if len(run_args) != 1:
+        raise SystemExit(USAGE)
     run_dir = Path(run_args[0].split("=", 1)[1]).expanduser()
-    config_path = run_dir / "config.yaml"
-    if not config_path.exists():
-        raise SystemExit(f"{config_path} not found: is {run_dir} a posenc run directory?")
     overrides = [a for a in args if not a.startswith("run_dir=")]
-    cfg = OmegaConf.merge(OmegaConf.load(config_path), OmegaConf.from_dotlist(overrides))
+    if not (run_dir / "config.yaml").exists():
+        check_run_dir(run_dir, "best")
+    cfg = compose_run_config(run_dir, overrides)
+    path = check_run_dir(run_dir, cfg.eval.checkpoint)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    metrics = evaluate(cfg, run_dir)
+    step = int(checkpoint.load(path)["state"]["step"])
+    out_dir = evaluation_dir(run_dir, overrides, step)
+    metrics = _read_json(out_dir / "metrics.json")
+    if metrics is not None:
+        log.info("%s holds this evaluation already; delete it to evaluate again", out_dir)
+    else:
+        metrics = evaluate(cfg, run_dir, out_dir)
+        OmegaConf.save(cfg, out_dir / "eval_config.yaml")
+        log.info("results in %s", out_dir)
     print(
         json.dumps(
             {

@@ -1,8 +1,10 @@
 """The report of a sweep: tables, figures and a CSV from the run directories of a multirun.
 
-``python scripts/report.py SWEEP_DIR [--out DIR] [--split test] [--bootstrap 1000]`` reads every
-directory under ``SWEEP_DIR`` that holds a ``config.yaml`` (Hydra puts each job of a multirun in
-``SWEEP_DIR/<override_dirname>/``) and writes into ``--out`` (default ``SWEEP_DIR/report``):
+``python scripts/report.py SWEEP_DIR [--out DIR] [--split test] [--bootstrap 1000] [--eval NAME]``
+reads every directory under ``SWEEP_DIR`` that holds a ``config.yaml`` (Hydra puts each job of a
+multirun in ``SWEEP_DIR/<override_dirname>/``) and writes into ``--out`` (default
+``SWEEP_DIR/report``); scores come from each run's own evaluation, or with ``--eval NAME`` from
+its standalone evaluation ``RUN/evals/NAME/`` (see :mod:`posenc.evaluate`):
 
 - ``report.md``: runs and their status, learning curves, scores, significance, length buckets,
   cost and attention maps, every split of the metrics (the focus split ``--split`` first);
@@ -137,6 +139,11 @@ class Run:
     train: dict[str, Any] = field(default_factory=dict)
     curves: dict[str, Curve] = field(default_factory=dict)
     label: str = ""
+    results: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.results is None:
+            self.results = self.path
 
     @property
     def pe(self) -> str:
@@ -299,40 +306,45 @@ def read_curves(tb_dir: Path) -> dict[str, Curve]:
 
 def find_run_dirs(sweep: Path, out: Path) -> list[Path]:
     """Directories under ``sweep`` (itself included) with a ``config.yaml``, except Hydra's
-    hidden ``.hydra/`` copies and the report's own directory."""
+    hidden ``.hydra/`` copies, standalone evaluations (``evals/``) and the report's own
+    directory."""
     found = []
     for config in sorted(sweep.rglob("config.yaml")):
         parts = config.parent.relative_to(sweep).parts
-        if any(p.startswith(".") for p in parts) or out in config.parents:
+        if any(p.startswith(".") or p == "evals" for p in parts) or out in config.parents:
             continue
         found.append(config.parent)
     return found
 
 
-def load_run(path: Path, sweep: Path) -> Run:
+def load_run(path: Path, sweep: Path, evaluation: str | None = None) -> Run:
     """Read one run directory; its status is failed (``failed.json`` or unreadable files), done
-    (``metrics.json``) or unfinished."""
+    (``metrics.json``) or unfinished. Scores come from the run's own evaluation, or from its
+    standalone evaluation ``RUN/evals/<evaluation>/`` when one is named."""
     name = str(path.relative_to(sweep)) if path != sweep else path.name
     try:
         config = flatten(OmegaConf.to_container(OmegaConf.load(path / "config.yaml")))
     except Exception as err:  # a broken config is a failed run in the table, not a crash
         return Run(name, path, {}, FAILED, f"config.yaml unreadable: {_first_line(err)}")
-    run = Run(name, path, config, curves=read_curves(path / "tb"))
+    results = path / "evals" / evaluation if evaluation else path
+    run = Run(name, path, config, curves=read_curves(path / "tb"), results=results)
     run.train = _read_json(path / "train_summary.json") or {}
     if (path / "failed.json").exists():
         info = _read_json(path / "failed.json") or {}
         run.status = FAILED
         error, message = info.get("error", "error"), info.get("message", "failed.json unreadable")
         run.message = f"{error}: {message}"
-    elif (path / "metrics.json").exists():
-        metrics = _read_json(path / "metrics.json")
+    elif (results / "metrics.json").exists():
+        metrics = _read_json(results / "metrics.json")
         if metrics is None:
             run.status, run.message = FAILED, "metrics.json unreadable"
         else:
             run.status, run.metrics = DONE, metrics
             run.train = metrics.get("train") or run.train
     elif run.train:
-        run.message = "trained, not evaluated"
+        run.message = (
+            f"trained, no evaluation {evaluation}" if evaluation else "trained, not evaluated"
+        )
     elif run.last_step is not None:
         run.message = f"running or interrupted; last validation at step {run.last_step}"
     else:
@@ -356,12 +368,22 @@ def _is_variant_key(key: str) -> bool:
 
 def group_runs(runs: Sequence[Run]) -> list[Group]:
     """Group runs by encoding; settings other than the seed that differ between the healthy
-    runs (a model size, say) make separate groups, labelled ``pe (key=value, ...)``."""
+    runs (a model size, say) make separate groups, labelled ``pe (key=value, ...)``, and so do
+    ``pe.*`` settings that differ between runs of the same encoding (an encoder form, say)."""
     healthy = [r for r in runs if r.status != FAILED]
     variant_keys = [k for k in differing_keys(healthy) if _is_variant_key(k)]
+    pe_keys = {
+        pe: [
+            k
+            for k in differing_keys([r for r in healthy if r.pe == pe])
+            if k.startswith("pe.") and k != "pe.name"
+        ]
+        for pe in {r.pe for r in runs}
+    }
     groups: dict[str, Group] = {}
     for run in runs:
-        variant = ", ".join(f"{k}={run.config.get(k, '?')}" for k in variant_keys)
+        keys = pe_keys.get(run.pe, []) + variant_keys
+        variant = ", ".join(f"{k}={run.config.get(k, '?')}" for k in keys)
         run.label = f"{run.pe} ({variant})" if variant else run.pe
         groups.setdefault(run.label, Group(run.label, run.pe, variant, [])).runs.append(run)
     for group in groups.values():
@@ -394,8 +416,8 @@ def split_entries(groups: Sequence[Group], split: str) -> dict[str, list[Entry]]
                         group.label,
                         run,
                         scores,
-                        run.path / f"hypotheses.{split}.txt",
-                        run.path / f"references.{split}.txt",
+                        run.results / f"hypotheses.{split}.txt",
+                        run.results / f"references.{split}.txt",
                     )
                 )
             for name, variant in (run.metrics.get("variants") or {}).items():
@@ -407,8 +429,8 @@ def split_entries(groups: Sequence[Group], split: str) -> dict[str, list[Entry]]
                             system,
                             run,
                             v_scores,
-                            run.path / f"hypotheses.{split}.{name}.txt",
-                            run.path / f"references.{split}.txt",
+                            run.results / f"hypotheses.{split}.{name}.txt",
+                            run.results / f"references.{split}.txt",
                         )
                     )
     return systems
@@ -1157,7 +1179,7 @@ def section_attention(w: Writer, groups: Sequence[Group]) -> None:
             (
                 r
                 for r in group.runs
-                if (r.path / "attention.png").exists() or (r.path / "attention.npz").exists()
+                if (r.results / "attention.png").exists() or (r.results / "attention.npz").exists()
             ),
             None,
         )
@@ -1166,10 +1188,12 @@ def section_attention(w: Writer, groups: Sequence[Group]) -> None:
             continue
         target = w.out / f"attention_{slug(group.label)}.png"
         try:
-            if (run.path / "attention.png").exists():
-                shutil.copyfile(run.path / "attention.png", target)
+            if (run.results / "attention.png").exists():
+                shutil.copyfile(run.results / "attention.png", target)
             else:
-                render_attention(run.path / "attention.npz", f"{group.label}: {run.name}", target)
+                render_attention(
+                    run.results / "attention.npz", f"{group.label}: {run.name}", target
+                )
         except Exception as err:  # one unreadable file must not stop the report
             w.text(
                 f"**{group.label}**: attention map of `{run.name}` unreadable ({_first_line(err)})."
@@ -1184,9 +1208,15 @@ def section_attention(w: Writer, groups: Sequence[Group]) -> None:
 
 
 def build_report(
-    sweep: Path, out: Path | None = None, focus: str = "test", samples: int = 1000
+    sweep: Path,
+    out: Path | None = None,
+    focus: str = "test",
+    samples: int = 1000,
+    evaluation: str | None = None,
 ) -> Path:
     """Write the report of the sweep in ``sweep`` into ``out``; returns ``report.md``'s path.
+    Scores come from each run's own evaluation, or from its standalone evaluation
+    ``RUN/evals/<evaluation>/``.
 
     Raises:
         ReportError: ``sweep`` is no directory, holds no run, or no run has the ``focus`` split.
@@ -1197,7 +1227,7 @@ def build_report(
     if samples < 1:
         raise ReportError(f"--bootstrap must be a positive number of resamples, not {samples}")
     out = out.expanduser().resolve() if out else sweep / "report"
-    runs = [load_run(path, sweep) for path in find_run_dirs(sweep, out)]
+    runs = [load_run(path, sweep, evaluation) for path in find_run_dirs(sweep, out)]
     if not runs:
         raise ReportError(f"no run directory (one with a config.yaml) under {sweep}")
     splits = split_names(runs, focus)
@@ -1274,9 +1304,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--bootstrap", type=int, default=1000, help="paired bootstrap resamples (default: 1000)"
     )
+    parser.add_argument(
+        "--eval",
+        default=None,
+        metavar="NAME",
+        help="score each run's standalone evaluation RUN/evals/NAME instead of its own",
+    )
     args = parser.parse_args(argv)
     try:
-        path = build_report(args.sweep, args.out, args.split, args.bootstrap)
+        path = build_report(args.sweep, args.out, args.split, args.bootstrap, args.eval)
     except ReportError as err:
         raise SystemExit(f"error: {err}") from None
     print(scores_summary(path.read_text(encoding="utf-8"), args.split))

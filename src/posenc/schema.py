@@ -123,7 +123,15 @@ SETTINGS: dict[str, Setting] = {
     "trainer.precision": Setting("str", choices=("auto", "fp32", "bf16")),
     "trainer.nan_policy": Setting("str", choices=("stop", "skip")),
     "trainer.resume": Setting("str", optional=True),
+    "trainer.init_from": Setting("str", optional=True),
     "trainer.progress": FLAG,
+    "eval.enabled": FLAG,
+    "eval.checkpoint": Setting("str", choices=("best", "last")),
+    "eval.batch_tokens": POSITIVE,
+    "eval.max_len_a": Setting("number", low=0),
+    "eval.max_len_b": Setting("int", low=0),
+    "eval.use_cache": FLAG,
+    "eval.max_sentences": Setting("int", low=1, optional=True),
 }
 
 

@@ -36,6 +36,8 @@ from posenc.encodings import encoding_factory
 from posenc.layers import LayerSpec
 from posenc.model import Seq2Seq, count_parameters
 from posenc.optim import lr_factor, make_optimizer
+from posenc.overrides import paste
+from posenc.run_identity import differences
 from posenc.schema import check_types
 from posenc.tblog import RunLogger
 from posenc.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
@@ -45,6 +47,21 @@ log = logging.getLogger("posenc.train")
 
 class TrainingError(RuntimeError):
     """Training cannot go on (a NaN loss, say); the message names the step and the way out."""
+
+
+class RunMismatchError(checkpoint.CheckpointError):
+    """The checkpoint to resume from was trained with other ``pe``, ``model`` or ``tokenizer``
+    settings; nothing is written (the run directory may belong to that other run)."""
+
+
+@dataclass
+class Start:
+    """Where training starts: a checkpoint to resume (``resume``), weights to fine-tune from
+    (``init_from``), or neither (from scratch). ``payload`` is the loaded checkpoint."""
+
+    path: Path | None = None
+    payload: dict[str, Any] | None = None
+    fine_tune: bool = False
 
 
 @dataclass
@@ -269,6 +286,8 @@ def memory_mb(device: torch.device) -> float:
 
 
 def _checkpoint_payload(model, optimizer, scheduler, state: TrainState, cfg: DictConfig) -> dict:
+    """Everything a resume needs, as tensors and plain values only (weights-only loadable)."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
     return {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -277,29 +296,64 @@ def _checkpoint_payload(model, optimizer, scheduler, state: TrainState, cfg: Dic
         "rng": {
             "torch": torch.get_rng_state(),
             "python": random.getstate(),
-            "numpy": np.random.get_state(),
+            "numpy": [name, keys.tolist(), int(position), int(has_gauss), float(cached_gaussian)],
         },
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
 
 
-def _restore(path: Path, model, optimizer, scheduler) -> TrainState:
-    payload = checkpoint.load(path)
+def _does_not_fit(path: Path, err: Exception) -> checkpoint.CheckpointError:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    detail = lines[1] if len(lines) > 1 and lines[0].endswith(":") else str(err)
+    return checkpoint.CheckpointError(
+        f"checkpoint {path} does not fit this run ({type(err).__name__}: {detail[:200]}); "
+        "point trainer.resume or trainer.init_from elsewhere"
+    )
+
+
+def _restore(path: Path, payload: dict[str, Any], model, optimizer, scheduler) -> TrainState:
     try:
         model.load_state_dict(payload["model"])
         optimizer.load_state_dict(payload["optimizer"])
         scheduler.load_state_dict(payload["scheduler"])
         torch.set_rng_state(payload["rng"]["torch"])
         random.setstate(payload["rng"]["python"])
-        np.random.set_state(payload["rng"]["numpy"])
+        name, keys, position, has_gauss, cached_gaussian = payload["rng"]["numpy"]
+        np.random.set_state(
+            (name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached_gaussian)
+        )
         return TrainState(**payload["state"])
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        detail = lines[1] if len(lines) > 1 and lines[0].endswith(":") else str(err)
-        raise checkpoint.CheckpointError(
-            f"checkpoint {path} does not fit this run ({type(err).__name__}: {detail[:200]}); "
-            "was it written with other model or pe settings? Point trainer.resume elsewhere"
-        ) from err
+        raise _does_not_fit(path, err) from err
+
+
+def find_start(cfg: DictConfig, run_dir: Path) -> Start:
+    """The checkpoint this run resumes (``trainer.resume``, else ``RUN/checkpoints/last.pt``),
+    checked to be the same encoding, model and tokenizer; else the weights of
+    ``trainer.init_from`` to fine-tune from; else a start from scratch.
+
+    Raises:
+        RunMismatchError: the checkpoint to resume was trained with other settings.
+        CheckpointError: a checkpoint is missing, corrupt or unsafe.
+    """
+    path = _resume_path(cfg, run_dir)
+    if path is not None:
+        payload = checkpoint.load(path)
+        changed = differences(
+            payload.get("config") or {}, OmegaConf.to_container(cfg, resolve=True)
+        )
+        if changed:
+            raise RunMismatchError(
+                f"checkpoint {path} was trained with {'; '.join(changed[:3])}"
+                f"{' and more' if len(changed) > 3 else ''}; resume it with its own settings, "
+                f"start a new run (another name=), or fine-tune from its weights with "
+                f"{paste('trainer.init_from', path)}"
+            )
+        return Start(path, payload)
+    if cfg.trainer.get("init_from"):
+        path = Path(cfg.trainer.init_from).expanduser()
+        return Start(path, checkpoint.load(path), fine_tune=True)
+    return Start()
 
 
 def _rank_seed(seed: int, rank: int, step: int) -> int:
@@ -326,8 +380,8 @@ def _nan_message(step_loss: float, step: int, last: Path) -> str:
     if last.exists():
         return (
             f"loss became {step_loss} at step {step}; lower trainer.lr or set "
-            f"trainer.nan_policy=skip, with trainer.resume={last} to go on from the last good "
-            "checkpoint"
+            f"trainer.nan_policy=skip, with {paste('trainer.resume', last)} to go on from the "
+            "last good checkpoint"
         )
     return (
         f"loss became {step_loss} at step {step}, before any checkpoint; lower trainer.lr or "
@@ -342,11 +396,14 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Train (or resume) the run in ``run_dir``; returns the training summary.
+def train(cfg: DictConfig, run_dir: Path, start: Start | None = None) -> dict[str, Any]:
+    """Train (or resume) the run in ``run_dir``; returns the training summary. ``start`` is
+    :func:`find_start`'s answer when the caller has it already.
 
     Under torchrun every rank calls this; rank 0 alone writes to ``run_dir``."""
     check_config(cfg)
+    if start is None:
+        start = find_start(cfg, run_dir)
     main, rank, world = distributed.is_main(), distributed.rank(), distributed.world_size()
     ckpt_dir = run_dir / "checkpoints"
     if main:
@@ -370,12 +427,23 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         optimizer, lr_factor(t.schedule, t.warmup_steps, total_steps, t.min_lr_ratio)
     )
     state = TrainState()
-    resume = _resume_path(cfg, run_dir)
-    if resume is not None:
-        state = _restore(resume, model, optimizer, scheduler)
+    if start.fine_tune:
+        try:
+            model.load_state_dict(start.payload["model"])
+        except (KeyError, RuntimeError) as err:
+            raise _does_not_fit(start.path, err) from err
+        trained_as = (start.payload.get("config") or {}).get("pe", {}).get("name", "?")
+        log.info(
+            "fine-tuning from the weights of %s (trained with pe=%s); optimizer, schedule and "
+            "step count start afresh",
+            start.path,
+            trained_as,
+        )
+    elif start.path is not None:
+        state = _restore(start.path, start.payload, model, optimizer, scheduler)
         log.info(
             "resumed from %s at step %d (%.0f s of training)",
-            resume,
+            start.path,
             state.step,
             state.train_seconds,
         )

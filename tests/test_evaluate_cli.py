@@ -1,0 +1,107 @@
+"""Standalone evaluation (``python -m posenc.evaluate run_dir=RUN ...``) never replaces what
+training wrote; its overrides are checked like ``train.py``'s; a continued run keeps its earlier
+evaluation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import SMOKE, compose
+
+from posenc.cli import run
+from posenc.evaluate import main as evaluate_main
+from posenc.report import main as report_main
+
+TRAIN = (*SMOKE, "pe=rope", "trainer.max_steps=4", "trainer.valid_every=2")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("sweep") / "pe=rope"
+    run(compose(*TRAIN), run_dir)
+    return run_dir
+
+
+def own_files(run_dir):
+    """The bytes of every file that training's own evaluation wrote."""
+    names = ["metrics.json", "hypotheses.test.txt", "references.test.txt", "attention.npz"]
+    return {name: (run_dir / name).read_bytes() for name in names}
+
+
+def test_a_standalone_evaluation_goes_to_its_own_directory_and_replaces_nothing(trained, capsys):
+    before = own_files(trained)
+    evaluate_main([f"run_dir={trained}", "eval.use_cache=false"])
+    out = trained / "evals" / "eval.use_cache=false,step=4"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["splits"]["test"]["use_cache"] is False
+    assert (out / "hypotheses.test.txt").exists() and (out / "eval_config.yaml").exists()
+    assert own_files(trained) == before
+    assert json.loads(capsys.readouterr().out)["test"]["use_cache"] is False
+
+    stamp = (out / "metrics.json").stat().st_mtime_ns
+    evaluate_main([f"run_dir={trained}", "eval.use_cache=false"])  # the same evaluation again
+    assert (out / "metrics.json").stat().st_mtime_ns == stamp  # read, not recomputed
+
+
+def test_the_report_reads_the_runs_own_evaluation_unless_told_otherwise(trained):
+    evaluate_main([f"run_dir={trained}", "eval.use_cache=false"])
+    report_main([str(trained.parent), "--out", str(trained.parent / "r1")])
+    own = (trained.parent / "r1" / "report.csv").read_text()
+    report_main(
+        [
+            str(trained.parent),
+            "--out",
+            str(trained.parent / "r2"),
+            "--eval",
+            "eval.use_cache=false,step=4",
+        ]
+    )
+    standalone = (trained.parent / "r2" / "report.csv").read_text()
+    assert "use_cache" not in own or own != standalone
+    decode_speed = [line for line in own.splitlines() if "decode_tokens_per_s" in line]
+    assert decode_speed and decode_speed != [
+        line for line in standalone.splitlines() if "decode_tokens_per_s" in line
+    ]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("eval.use_cach=false", "Could not override 'eval.use_cach'"),
+        ("eval.use_cache=maybe", "eval.use_cache='maybe' must be true or false"),
+        ("eval.checkpoint=newest", "eval.checkpoint='newest' must be one of best, last"),
+        ("eval.max_sentences=0", "eval.max_sentences=0 must be an integer >= 1 or null"),
+    ],
+)
+def test_a_typo_or_a_wrong_type_is_refused_in_one_line(trained, override, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_main([f"run_dir={trained}", override])
+    message = str(exit_info.value.code)
+    assert expected in message and "\n" not in message
+    assert not (trained / "evals" / f"{override},step=4").exists()
+
+
+def test_a_run_without_a_checkpoint_or_a_failed_run_says_so(tmp_path):
+    untrained = tmp_path / "untrained"
+    untrained.mkdir()
+    (untrained / "config.yaml").write_text("seed: 0\neval:\n  checkpoint: best\n")
+    with pytest.raises(SystemExit, match="has no checkpoint .*train it first"):
+        evaluate_main([f"run_dir={untrained}"])
+    (untrained / "failed.json").write_text('{"error": "DataError", "message": "no data"}')
+    with pytest.raises(SystemExit, match="failed \\(DataError: no data\\); fix the cause"):
+        evaluate_main([f"run_dir={untrained}"])
+    with pytest.raises(SystemExit, match="config.yaml not found: is .* a posenc run"):
+        evaluate_main([f"run_dir={tmp_path / 'nothing'}"])
+
+
+def test_a_continued_run_keeps_its_earlier_evaluation(tmp_path):
+    """Raising the budget continues the same run directory; the evaluation at the old step
+    moves to ``evals/step=N/`` instead of being overwritten."""
+    first = run(compose(*TRAIN), tmp_path)
+    second = run(compose(*TRAIN[:-2], "trainer.max_steps=6", "trainer.valid_every=2"), tmp_path)
+    assert first["step"] == 4 and second["step"] == 6
+    archived = json.loads((tmp_path / "evals" / "step=4" / "metrics.json").read_text())
+    assert archived == first
+    assert (tmp_path / "evals" / "step=4" / "hypotheses.test.txt").exists()
+    assert json.loads((tmp_path / "metrics.json").read_text())["step"] == 6
