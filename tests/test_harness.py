@@ -205,3 +205,19 @@ def test_max_source_tokens_keeps_only_short_training_sources(tmp_path):
     assert data.train_src and max(len(s) for s in data.train_src) <= 6
     _, full = prepare(compose(*SMOKE), tmp_path)
     assert max(len(s) for s in full.train_src) > 6
+
+
+def test_raising_max_steps_on_the_command_line_continues_the_same_run(tmp_path):
+    """Budgets are not part of run directory names, so the README's promise holds: the same
+    command with a larger ``trainer.max_steps`` continues the finished run, and its earlier
+    evaluation is kept in ``evals/step=N/``."""
+    common = (*SMOKE, "pe=rope", "trainer.valid_every=2", "eval.max_sentences=5")
+    first = _cli(*common, "trainer.max_steps=4", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = _cli(*common, "trainer.max_steps=6", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    (run_dir,) = (tmp_path / "outputs" / "runs" / "smoke").iterdir()
+    assert run_dir.name == "pe=rope,trainer.valid_every=2"
+    assert "resumed from" in (run_dir / "train.log").read_text()
+    assert json.loads((run_dir / "metrics.json").read_text())["step"] == 6
+    assert json.loads((run_dir / "evals" / "step=4" / "metrics.json").read_text())["step"] == 4
