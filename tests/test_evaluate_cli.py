@@ -68,7 +68,7 @@ def test_the_report_reads_the_runs_own_evaluation_unless_told_otherwise(trained)
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("eval.use_cach=false", "Could not override 'eval.use_cach'"),
+        ("eval.use_cach=false", "Could not override 'eval.use_cach': Key 'use_cach' is not in"),
         ("eval.use_cache=maybe", "eval.use_cache='maybe' must be true or false"),
         ("eval.checkpoint=newest", "eval.checkpoint='newest' must be one of best, last"),
         ("eval.max_sentences=0", "eval.max_sentences=0 must be an integer >= 1 or null"),
@@ -105,3 +105,13 @@ def test_a_continued_run_keeps_its_earlier_evaluation(tmp_path):
     assert archived == first
     assert (tmp_path / "evals" / "step=4" / "hypotheses.test.txt").exists()
     assert json.loads((tmp_path / "metrics.json").read_text())["step"] == 6
+
+
+def test_test_time_variants_can_be_asked_for_standalone(trained):
+    evaluate_main([f"run_dir={trained}", "eval.pe_variants={pi2: {scaling: linear, factor: 2.0}}"])
+    (out,) = (trained / "evals").glob("eval.pe_variants=*")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["variants"]["pi2"]["pe"] == {"scaling": "linear", "factor": 2.0}
+    assert (out / "hypotheses.test.pi2.txt").exists() and not (
+        trained / "hypotheses.test.pi2.txt"
+    ).exists()

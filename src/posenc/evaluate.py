@@ -364,14 +364,20 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
 
     from posenc.schema import check_types
 
+    # eval.pe_variants is a free-form mapping (variant name -> pe settings): replaced whole.
+    overrides = [f"++{o}" if o.startswith("eval.pe_variants=") else o for o in overrides]
     try:
         with initialize_config_dir(str(run_dir.resolve()), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
         check_types(OmegaConf.to_container(cfg, resolve=True))
     except (HydraException, OmegaConfBaseException, ValueError) as err:
-        lines = [line for line in str(err).splitlines() if line.strip()]
-        detail = f" ({lines[-1].strip()})" if len(lines) > 1 and "struct" in lines[-1] else ""
-        raise SystemExit(f"posenc.evaluate: {lines[0] if lines else err}{detail}") from None
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        message = lines[0] if lines else type(err).__name__
+        cause = str(err.__cause__ or "").splitlines()
+        if cause and "not in struct" in cause[0]:
+            unknown = cause[0].replace("is not in struct", "is not in the run's config")
+            message = f"{message.rstrip('.')}: {unknown}"
+        raise SystemExit(f"posenc.evaluate: {message}") from None
     return cfg
 
 
