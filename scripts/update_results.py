@@ -11,7 +11,7 @@ from pathlib import Path
 from posenc.markdown import embed_report, fill_section
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDIES = ("compare", "compare_long", "extrapolation")
+STUDIES = ("compare", "compare_long", "extrapolation", "encoder_forms", "encoder_forms_toy")
 
 
 def copy_report(report_dir: Path, docs_dir: Path) -> None:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from posenc import distributed
 from posenc.checkpoint import CheckpointError
 from posenc.data import DataError
-from posenc.evaluate import evaluate
+from posenc.evaluate import evaluate, read_json
 from posenc.train import RunMismatchError, TrainingError, find_start, resolve_device, train
 
 log = logging.getLogger("posenc")
@@ -49,20 +49,11 @@ def hydra_job() -> tuple[Path, bool]:
     return Path(hydra_cfg.runtime.output_dir), hydra_cfg.mode == RunMode.MULTIRUN
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or None when it is missing or unreadable."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def finished_metrics(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     """The metrics of a run in ``run_dir`` that is trained to the budget of ``cfg`` and
     evaluated at its last step, or None when something is missing or unfinished."""
-    metrics = _read_json(run_dir / "metrics.json")
-    summary = _read_json(run_dir / "train_summary.json")
+    metrics = read_json(run_dir / "metrics.json")
+    summary = read_json(run_dir / "train_summary.json")
     if metrics is None or summary is None or metrics.get("step") != summary.get("steps"):
         return None
     t = cfg.trainer
@@ -105,7 +96,7 @@ def _run(cfg: DictConfig, run_dir: Path, multirun: bool) -> dict[str, Any] | Non
         summary = train(cfg, run_dir, start)
         if not distributed.is_main():
             return None
-        metrics = _read_json(run_dir / "metrics.json")
+        metrics = read_json(run_dir / "metrics.json")
         if metrics is not None and metrics.get("step") == summary["steps"]:
             log.info("%s is already trained and evaluated; nothing to do", run_dir)
             return metrics

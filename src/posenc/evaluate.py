@@ -242,7 +242,7 @@ EVALUATION_FILES = ("metrics.json", "hypotheses.*.txt", "references.*.txt", "att
 def archive_evaluation(run_dir: Path, step: int) -> Path | None:
     """Move the run's own evaluation of another step than ``step`` to ``RUN/evals/step=N/``,
     so a continued run's new evaluation replaces nothing; returns where it went."""
-    previous = _read_json(run_dir / "metrics.json")
+    previous = read_json(run_dir / "metrics.json")
     if previous is None or previous.get("step") == step:
         return None
     target = run_dir / "evals" / f"step={previous.get('step')}"
@@ -254,7 +254,8 @@ def archive_evaluation(run_dir: Path, step: int) -> Path | None:
     return target
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when it is missing or unreadable."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -392,7 +393,7 @@ def check_run_dir(run_dir: Path, which: str) -> Path:
     """The checkpoint to evaluate; SystemExit (one line) for a run that failed or has none."""
     if not (run_dir / "config.yaml").exists():
         raise SystemExit(f"{run_dir / 'config.yaml'} not found: is {run_dir} a posenc run?")
-    failed = _read_json(run_dir / "failed.json")
+    failed = read_json(run_dir / "failed.json")
     if failed is not None:
         raise SystemExit(
             f"{run_dir} failed ({failed.get('error')}: {failed.get('message')}); fix the cause "
@@ -423,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     step = int(checkpoint.load(path)["state"]["step"])
     out_dir = evaluation_dir(run_dir, overrides, step)
-    metrics = _read_json(out_dir / "metrics.json")
+    metrics = read_json(out_dir / "metrics.json")
     if metrics is not None:
         log.info("%s holds this evaluation already; delete it to evaluate again", out_dir)
     else:
