@@ -389,8 +389,8 @@ def evaluation_dir(run_dir: Path, overrides: list[str], step: int) -> Path:
     return run_dir / "evals" / name
 
 
-def check_run_dir(run_dir: Path, which: str) -> Path:
-    """The checkpoint to evaluate; SystemExit (one line) for a run that failed or has none."""
+def check_run_dir(run_dir: Path) -> None:
+    """SystemExit (one line) unless ``run_dir`` is a posenc run that did not fail."""
     if not (run_dir / "config.yaml").exists():
         raise SystemExit(f"{run_dir / 'config.yaml'} not found: is {run_dir} a posenc run?")
     failed = read_json(run_dir / "failed.json")
@@ -399,6 +399,10 @@ def check_run_dir(run_dir: Path, which: str) -> Path:
             f"{run_dir} failed ({failed.get('error')}: {failed.get('message')}); fix the cause "
             "and run its training command again"
         )
+
+
+def existing_checkpoint(run_dir: Path, which: str) -> Path:
+    """The checkpoint ``eval.checkpoint`` names; SystemExit (one line) when there is none."""
     path = checkpoint_path(run_dir, which)
     if not path.exists():
         raise SystemExit(
@@ -417,10 +421,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(USAGE)
     run_dir = Path(run_args[0].split("=", 1)[1]).expanduser()
     overrides = [a for a in args if not a.startswith("run_dir=")]
-    if not (run_dir / "config.yaml").exists():
-        check_run_dir(run_dir, "best")
+    check_run_dir(run_dir)
     cfg = compose_run_config(run_dir, overrides)
-    path = check_run_dir(run_dir, cfg.eval.checkpoint)
+    path = existing_checkpoint(run_dir, cfg.eval.checkpoint)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     step = int(checkpoint.load(path)["state"]["step"])
     out_dir = evaluation_dir(run_dir, overrides, step)

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from posenc.attention import MultiHeadAttention
 from posenc.catalog import build_named_model, select_encodings
+from posenc.encodings.alibi import SPLIT_PENALTY
 from posenc.encodings.base import AttentionCall, AttentionRule, EncodingModule, StackEncoding
 from posenc.evaluate import load_run_model
 from posenc.model import Seq2Seq
@@ -221,7 +222,9 @@ def stack_view(
         bias = rule.bias(constant.q, constant.k, constant.state, constant.call)
         if isinstance(bias, Tensor):
             bias = bias[0].expand(encoding.n_heads, length, length)
-            view.bias = _numpy(_row_with_mask(bias, constant.call, query))
+            row = _row_with_mask(bias, constant.call, query)
+            # a split head's other side carries a masking penalty, not a bias worth plotting
+            view.bias = _numpy(row.masked_fill(row <= SPLIT_PENALTY, float("nan")))
     if RotaryRule is not None and isinstance(rule, RotaryRule):
         view.rotary_score, view.rotary_mean = rotary_scores(rule, encoding, length, query, seed)
     return view
