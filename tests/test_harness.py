@@ -221,3 +221,22 @@ def test_raising_max_steps_on_the_command_line_continues_the_same_run(tmp_path):
     assert "resumed from" in (run_dir / "train.log").read_text()
     assert json.loads((run_dir / "metrics.json").read_text())["step"] == 6
     assert json.loads((run_dir / "evals" / "step=4" / "metrics.json").read_text())["step"] == 4
+
+
+def test_a_run_that_cannot_teach_anything_says_so(tmp_path, caplog):
+    """The old demo's trap: warmup longer than the budget, one validation point, empty output."""
+    cfg = compose(
+        *SMOKE,
+        "pe=nonepe",
+        "trainer.max_steps=3",
+        "trainer.warmup_steps=10",
+        "trainer.valid_every=100",
+    )
+    with caplog.at_level("WARNING"):
+        metrics = run(cfg, tmp_path)
+    warnings = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert "inside the 10-step warmup" in warnings and "never trainer.lr" in warnings
+    assert "only 1 validation point(s)" in warnings
+    test = metrics["splits"]["test"]
+    if test["empty_hypotheses"] * 2 > test["sentences"]:
+        assert "hypotheses are empty" in warnings

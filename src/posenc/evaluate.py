@@ -182,6 +182,7 @@ def evaluate_split(
         "decode_tokens_per_s": round(generated / max(seconds, 1e-9), 1),
         "decode_sentences_per_s": round(len(ids) / max(seconds, 1e-9), 2),
         "use_cache": bool(eval_cfg.use_cache),
+        "empty_hypotheses": sum(not h.strip() for h in hypotheses),
         "buckets": length_buckets(
             list(eval_cfg.length_buckets),
             [len(s) + 1 for s in sources],
@@ -191,6 +192,14 @@ def evaluate_split(
             counts,
         ),
     }
+    if result["empty_hypotheses"] * 2 > len(hypotheses):
+        log.warning(
+            "%s: %d of %d hypotheses are empty: the model does not translate yet, so its scores "
+            "say little; train longer",
+            split,
+            result["empty_hypotheses"],
+            len(hypotheses),
+        )
     log.info(
         "%s: BLEU %.2f chrF %.2f BERTScore-F1 %s (%d sentences, %.1f s)",
         split,

@@ -389,6 +389,25 @@ def _nan_message(step_loss: float, step: int, last: Path) -> str:
     )
 
 
+def sanity_warnings(state: TrainState, trainer: DictConfig) -> list[str]:
+    """What makes a finished run's curves or scores hard to read: training that ended inside
+    the warmup (the learning rate never reached ``trainer.lr``) or a single validation point."""
+    warnings = []
+    if state.step <= trainer.warmup_steps:
+        peak = trainer.lr * state.step / max(trainer.warmup_steps, 1)
+        warnings.append(
+            f"training ended at step {state.step}, inside the {trainer.warmup_steps}-step warmup: "
+            f"the learning rate peaked at {peak:.2g}, never trainer.lr={trainer.lr:g}; lower "
+            "trainer.warmup_steps or raise the budget"
+        )
+    if len(state.history) < 2:
+        warnings.append(
+            f"only {len(state.history)} validation point(s): no learning curve to compare; lower "
+            f"trainer.valid_every (now {trainer.valid_every}) or raise the budget"
+        )
+    return warnings
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` to ``path`` atomically (temporary file + rename)."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -584,6 +603,9 @@ def train(cfg: DictConfig, run_dir: Path, start: Start | None = None) -> dict[st
         validate()
     state.finished = True
     bar.close()
+    if main:
+        for warning in sanity_warnings(state, t):
+            log.warning(warning)
     summary = {
         "steps": state.step,
         "epochs": state.epoch + state.batch_in_epoch / max(len(batcher), 1),
