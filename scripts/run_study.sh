@@ -17,7 +17,10 @@ $PY train.py -m experiment=compare name=compare_long trainer.max_steps=1500 \
 $PY train.py -m experiment=extrapolation "pe=$PES" "${common[@]}"
 $PY train.py -m experiment=compare name=encoder_forms pe=alibi,kerple \
   pe.encoder_bias=symmetric,asymmetric,split trainer.max_steps=600 eval.max_sentences=1000 \
-  "seed=${FORM_SEEDS:-0}" "${common[@]}"
+  seed=0 "${common[@]}"
+$PY train.py -m experiment=compare name=encoder_forms pe=alibi,kerple \
+  pe.encoder_bias=symmetric,split trainer.max_steps=600 eval.max_sentences=1000 seed=1 \
+  "${common[@]}"
 $PY train.py -m experiment=smoke name=encoder_forms_toy pe=alibi,kerple \
   pe.encoder_bias=symmetric,asymmetric,split trainer.max_steps=600 trainer.valid_every=100 \
   trainer.warmup_steps=60 model.d_model=64 model.d_ff=256 eval.max_sentences=null seed=0,1,2 \

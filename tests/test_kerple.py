@@ -77,7 +77,7 @@ def test_init_follows_the_official_code():
 
 
 def test_p_and_a_stay_positive_by_projection_and_keep_their_gradient():
-    enc = KerpleEncoding(Site.ENCODER, d_model=16, n_heads=2, n_layers=1)
+    enc = KerpleEncoding(Site.ENCODER, 16, n_heads=2, n_layers=1, encoder_bias="symmetric")
     with torch.no_grad():
         enc.p.copy_(torch.tensor([-3.0, 0.5]))
         enc.a.copy_(torch.tensor([0.2, -1.0]))

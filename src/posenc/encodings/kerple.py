@@ -18,7 +18,8 @@ Matching the official code (chijames/KERPLE, ``ParallelKerpleLog`` in ``megatron
 
 Where it applies: encoder and decoder self-attention (causal: ``i - j`` for ``j <= i``, the
 paper's form); nothing in cross-attention. The paper is evaluated on causal language models only;
-its encoder forms (``encoder_bias``, as for ALiBi, :mod:`posenc.encodings.alibi`):
+its encoder forms (``encoder_bias``, as for ALiBi, :mod:`posenc.encodings.alibi`; ``split`` is
+the default, chosen by the comparison in docs/RESULTS.md §4):
 
 * ``symmetric``: ``-p_h log(1 + a_h |i - j|)``, the kernel's natural bidirectional form (it is
   defined on ``|m - n|``), which carries no left/right information: a source and its reversal
@@ -73,7 +74,7 @@ class KerpleEncoding(StackEncoding):
         p_init: float = 2.0,
         a_init: float = 1.0,
         eps: float = 0.01,
-        encoder_bias: str = "symmetric",
+        encoder_bias: str = "split",
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
         check_encoder_bias("kerple", encoder_bias)
