@@ -16,7 +16,7 @@ STUDIES = ("compare", "compare_long", "extrapolation", "encoder_forms", "encoder
 
 def copy_report(report_dir: Path, docs_dir: Path) -> None:
     """Replace ``docs_dir``'s report files (md, csv, png) by those of ``report_dir``, with
-    paths inside the project made relative to it."""
+    paths inside the project made relative to it and the home directory written ``~``."""
     docs_dir.mkdir(parents=True, exist_ok=True)
     for old in docs_dir.iterdir():
         if old.suffix in {".md", ".csv", ".png"}:
@@ -26,6 +26,7 @@ def copy_report(report_dir: Path, docs_dir: Path) -> None:
             shutil.copy2(new, docs_dir / new.name)
         elif new.suffix in {".md", ".csv"}:
             text = new.read_bytes().replace(f"{ROOT}/".encode(), b"")
+            text = text.replace(f"{Path.home()}/".encode(), b"~/")
             (docs_dir / new.name).write_bytes(text)
 
 
