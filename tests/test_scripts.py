@@ -121,14 +121,18 @@ def test_plotted_arrays(name):
         np.testing.assert_allclose(np.nan_to_num(arrays["encoder_logweight"]), 0, atol=1e-5)
     if name == "sinpe":
         assert np.abs(arrays["embed_encoder"]).max() > 0.5
-    if name == "alibi":  # the bias is the paper's -m |i - j|, one slope per head
+    if name == "alibi":  # split encoder: -m |i - j| on each head's side, nothing on the other
         bias = arrays["encoder_bias"]
         assert bias.shape == (HEADS, LENGTH)
-        distance = np.abs(arrays["encoder_distance"])
+        signed = arrays["encoder_distance"]  # i - j, positive for keys before the query
+        distance = np.abs(signed)
         assert (bias[:, distance == 0] == 0).all()
+        assert np.isnan(bias[0::2, signed < 0]).all() and np.isnan(bias[1::2, signed > 0]).all()
         slopes = -bias[:, distance > 0] / distance[distance > 0]
-        np.testing.assert_allclose(slopes, np.broadcast_to(slopes[:, :1], slopes.shape))
-        assert (slopes > 0).all()
+        for head_slopes in slopes:
+            seen = head_slopes[~np.isnan(head_slopes)]
+            np.testing.assert_allclose(seen, np.full_like(seen, seen[0]))
+            assert seen.size >= LENGTH // 2 - 1 and seen[0] > 0
     if name == "rope":  # q . q rotated: largest at distance 0, symmetric in the encoder
         mean = arrays["encoder_rotary_mean"]
         assert mean.shape == arrays["decoder_rotary_score"].shape == (LENGTH,)
