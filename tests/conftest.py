@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from posenc.layers import LayerSpec
 from posenc.model import Seq2Seq
 
 ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("POSENC_DATA", ROOT.parent / "shared" / "data"))
+"""The shared offline data beside the checkout (as CI places it), or ``POSENC_DATA``."""
 PE_NAMES = sorted(p.stem for p in (ROOT / "configs" / "pe").glob("*.yaml"))
 
 

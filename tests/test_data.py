@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SHARED_DATA
 from omegaconf import OmegaConf
 
 from posenc.data import (
@@ -243,9 +244,9 @@ def test_relative_paths_resolve_against_the_launch_directory(tmp_path, monkeypat
 
 @pytest.mark.slow
 def test_real_local_corpus_loads(tmp_path):
-    data_dir = Path("/work/shared/data")
+    data_dir = SHARED_DATA
     if not data_dir.is_dir():
-        pytest.skip("the shared offline data (/work/shared/data) is absent")
+        pytest.skip(f"the shared offline data ({data_dir}) is absent")
     corpora = load_corpora(data_config("local", dir=str(data_dir)))
     assert len(corpora["train"]) > 170_000
     assert len(corpora["valid"]) == 500 and len(corpora["test"]) == 3003

@@ -7,6 +7,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_DATA
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
@@ -16,7 +17,7 @@ from posenc.data import Corpus, DataError, load_corpora, toy_word
 from posenc.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-MBERT_VOCAB = Path("/work/shared/data/vocab/bert-base-multilingual-cased-vocab.txt")
+MBERT_VOCAB = SHARED_DATA / "vocab" / "bert-base-multilingual-cased-vocab.txt"
 
 FRENCH = [
     "Le garçon a mangé une pomme à la cantine.",
