@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posenc.encodings.base import Site, StackEncoding
+from posenc.encodings.base import Site, StackEncoding, compute_dtype
 
 
 def sinusoidal_table(
@@ -48,8 +48,8 @@ class SinusoidalEncoding(StackEncoding):
         self.base = base
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        dtype = torch.promote_types(x.dtype, torch.float32)
-        return x + sinusoidal_table(positions, self.d_model, self.base, dtype).to(x.dtype)
+        table = sinusoidal_table(positions, self.d_model, self.base, compute_dtype(x))
+        return x + table.to(x.dtype)
 
 
 class LearnedEncoding(StackEncoding):

@@ -17,7 +17,7 @@ bias in cross-attention (source and target positions do not lie on one axis).
 Encoder forms (the paper only trains causal language models), chosen by ``encoder_bias``;
 ``split`` is the default, chosen by the measured comparison in docs/RESULTS.md (§4: on the toy
 reversal task it reaches about 69% exact matches where ``symmetric`` reaches 37% and
-``asymmetric`` 23%, and on the local data its validation loss is the best of the three):
+``asymmetric`` 23%; on the local data the three forms are within seed noise):
 
 * ``symmetric``: ``-m_h |i - j|``, the form its authors point to for bidirectional attention
   (issue #5 of their repository; also data2vec 2.0 and Voicebox). It carries distance but not
@@ -51,18 +51,9 @@ from torch import Tensor
 
 from posenc.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
 
-ENCODER_BIASES = ("symmetric", "asymmetric", "split")
 SPLIT_PENALTY = -1.0e4
 """The bias of keys on the side a ``split`` head does not look at: ``exp(-1e4)`` is exactly 0
 in float32 and bfloat16, so for a real query (whose own key scores 0) it is a mask."""
-
-
-def check_encoder_bias(name: str, encoder_bias: str) -> None:
-    """ValueError unless ``encoder_bias`` is one of :data:`ENCODER_BIASES`."""
-    if encoder_bias not in ENCODER_BIASES:
-        raise ValueError(
-            f"{name}: encoder_bias={encoder_bias!r} is unknown; use one of {list(ENCODER_BIASES)}"
-        )
 
 
 def side_distances(q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
@@ -78,22 +69,6 @@ def split_blocked(n_heads: int, q_pos: Tensor, k_pos: Tensor) -> Tensor:
     signed = k_pos[None, :] - q_pos[:, None]
     looks_forward = (torch.arange(n_heads, device=q_pos.device) % 2).bool()[:, None, None]
     return torch.where(looks_forward, signed[None] < 0, signed[None] > 0)
-
-
-def sees_order(encoder_bias: str) -> bool:
-    """Whether an encoder with this distance-bias form tells a source from its reversal."""
-    return encoder_bias != "symmetric"
-
-
-def encoder_bias_text(default: str) -> str:
-    """The README's description of the distance-bias encoder forms, naming the default."""
-    forms = {
-        "asymmetric": "asymmetric (slopes before/after the query differ)",
-        "split": "split (half the heads look left, half right)",
-        "symmetric": "symmetric in |i-j| (no word order)",
-    }
-    rest = ", ".join(text for form, text in forms.items() if form != default)
-    return f"{forms[default]}; options: {rest}"
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -124,16 +99,59 @@ class SharedBias(AttentionRule):
         return call.context
 
 
-class ALiBiEncoding(StackEncoding):
+class DistanceBiasEncoding(StackEncoding):
+    """A bias that decays with the query-key distance (ALiBi, KERPLE), shared by every layer of
+    the stack through :class:`SharedBias`, with the encoder forms of ``encoder_bias``.
+
+    Subclasses give the bias of each side in :meth:`context` and combine them with
+    :meth:`encoder_bias_of`; the decoder uses the "before" side alone (the papers' causal form).
+    """
+
+    applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
+    FORMS = {
+        "split": "split (half the heads look left, half right)",
+        "asymmetric": "asymmetric (slopes before/after the query differ)",
+        "symmetric": "symmetric in |i-j| (no word order)",
+    }
+
+    def __init__(
+        self, site: Site, d_model: int, n_heads: int, n_layers: int, encoder_bias: str
+    ) -> None:
+        super().__init__(site, d_model, n_heads, n_layers)
+        if encoder_bias not in self.FORMS:
+            raise ValueError(
+                f"{type(self).__name__}: encoder_bias={encoder_bias!r} is unknown; use one of "
+                f"{list(self.FORMS)}"
+            )
+        self.encoder_bias = encoder_bias
+        others = ", ".join(text for form, text in self.FORMS.items() if form != encoder_bias)
+        self.encoder_form = f"{self.FORMS[encoder_bias]}; options: {others}"
+        self.sees_source_order = encoder_bias != "symmetric"
+        self.rule = SharedBias()
+
+    def encoder_bias_of(
+        self, before: Tensor, after: Tensor, q_pos: Tensor, k_pos: Tensor
+    ) -> Tensor:
+        """The encoder's ``(1, H, Lq, Lk)`` bias from the ``(H, Lq, Lk)`` biases of keys before
+        and after the query (each 0 on the other side); ``split`` heads get
+        :data:`SPLIT_PENALTY` on the side they do not look at."""
+        bias = before + after
+        if self.encoder_bias == "split":
+            bias = bias.masked_fill(split_blocked(self.n_heads, q_pos, k_pos), SPLIT_PENALTY)
+        return bias[None]
+
+    def self_rule(self, layer: int) -> AttentionRule:
+        return self.rule
+
+
+class ALiBiEncoding(DistanceBiasEncoding):
     """Fixed linear distance penalties, ``(1, H, Lq, Lk)`` per forward, in self-attention only.
 
     Args:
         site, d_model, n_heads, n_layers: see :class:`StackEncoding`.
-        encoder_bias: the encoder form, ``symmetric``, ``asymmetric`` or ``split`` (module
+        encoder_bias: the encoder form, ``split``, ``asymmetric`` or ``symmetric`` (module
             docstring); the decoder always uses the paper's causal bias.
     """
-
-    applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
 
     def __init__(
         self,
@@ -143,16 +161,11 @@ class ALiBiEncoding(StackEncoding):
         n_layers: int,
         encoder_bias: str = "split",
     ) -> None:
-        super().__init__(site, d_model, n_heads, n_layers)
-        check_encoder_bias("alibi", encoder_bias)
-        self.encoder_bias = encoder_bias
-        self.encoder_form = encoder_bias_text(encoder_bias)
-        self.sees_source_order = sees_order(encoder_bias)
+        super().__init__(site, d_model, n_heads, n_layers, encoder_bias)
         slopes = alibi_slopes(n_heads)
         after = slopes.flip(0) if encoder_bias == "asymmetric" else slopes
         self.register_buffer("slopes", slopes, persistent=False)
         self.register_buffer("slopes_after", after, persistent=False)
-        self.rule = SharedBias()
 
     def context(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The bias ``(1, H, Lq, Lk)`` for queries at ``q_pos (Lq,)`` and keys at ``k_pos (Lk,)``.
@@ -160,13 +173,8 @@ class ALiBiEncoding(StackEncoding):
         In the decoder, entries of future keys (masked later) are 0 rather than positive.
         """
         before, after = side_distances(q_pos, k_pos)
-        bias = -self.slopes[:, None, None] * before
+        bias_before = -self.slopes[:, None, None] * before
         if self.causal:
-            return bias[None]
-        bias = bias - self.slopes_after[:, None, None] * after
-        if self.encoder_bias == "split":
-            bias = bias.masked_fill(split_blocked(self.n_heads, q_pos, k_pos), SPLIT_PENALTY)
-        return bias[None]
-
-    def self_rule(self, layer: int) -> AttentionRule:
-        return self.rule
+            return bias_before[None]
+        bias_after = -self.slopes_after[:, None, None] * after
+        return self.encoder_bias_of(bias_before, bias_after, q_pos, k_pos)

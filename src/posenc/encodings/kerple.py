@@ -39,19 +39,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc.encodings.alibi import (
-    SPLIT_PENALTY,
-    SharedBias,
-    check_encoder_bias,
-    encoder_bias_text,
-    sees_order,
-    side_distances,
-    split_blocked,
-)
-from posenc.encodings.base import AttentionRule, Site, StackEncoding
+from posenc.encodings.alibi import DistanceBiasEncoding, side_distances
+from posenc.encodings.base import Site
 
 
-class KerpleEncoding(StackEncoding):
+class KerpleEncoding(DistanceBiasEncoding):
     """Learned logarithmic distance penalties ``-p_h log(1 + a_h d)``, one set per stack.
 
     Args:
@@ -62,8 +54,6 @@ class KerpleEncoding(StackEncoding):
         encoder_bias: the encoder form, ``symmetric``, ``asymmetric`` or ``split`` (module
             docstring); the decoder always uses the paper's causal kernel.
     """
-
-    applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
 
     def __init__(
         self,
@@ -76,20 +66,15 @@ class KerpleEncoding(StackEncoding):
         eps: float = 0.01,
         encoder_bias: str = "split",
     ) -> None:
-        super().__init__(site, d_model, n_heads, n_layers)
-        check_encoder_bias("kerple", encoder_bias)
+        super().__init__(site, d_model, n_heads, n_layers, encoder_bias)
         self.p_init = p_init
         self.a_init = a_init
         self.eps = eps
-        self.encoder_bias = encoder_bias
-        self.encoder_form = encoder_bias_text(encoder_bias)
-        self.sees_source_order = sees_order(encoder_bias)
         self.p = nn.Parameter(torch.empty(n_heads))
         self.a = nn.Parameter(torch.empty(n_heads))
         two_sided = encoder_bias == "asymmetric" and not self.causal
         self.p_after = nn.Parameter(torch.empty(n_heads)) if two_sided else None
         self.a_after = nn.Parameter(torch.empty(n_heads)) if two_sided else None
-        self.rule = SharedBias()
         self.reset_parameters()
 
     def _pairs(self) -> list[tuple[nn.Parameter, nn.Parameter]]:
@@ -124,16 +109,13 @@ class KerpleEncoding(StackEncoding):
         self.project()
         before, after = side_distances(q_pos, k_pos)
         pairs = self._pairs()
-        p, a = (x[:, None, None] for x in pairs[0])
+        bias_before = _kernel(*pairs[0], before)
         if self.causal:
-            return (-p * torch.log1p(a * before))[None]
-        if self.encoder_bias == "symmetric":
-            return (-p * torch.log1p(a * (before + after)))[None]
-        p_after, a_after = (x[:, None, None] for x in pairs[-1])
-        bias = -p * torch.log1p(a * before) - p_after * torch.log1p(a_after * after)
-        if self.encoder_bias == "split":
-            bias = bias.masked_fill(split_blocked(self.n_heads, q_pos, k_pos), SPLIT_PENALTY)
-        return bias[None]
+            return bias_before[None]
+        # symmetric and split use the one kernel on both sides (log1p(0) = 0 off each side)
+        return self.encoder_bias_of(bias_before, _kernel(*pairs[-1], after), q_pos, k_pos)
 
-    def self_rule(self, layer: int) -> AttentionRule:
-        return self.rule
+
+def _kernel(p: Tensor, a: Tensor, distance: Tensor) -> Tensor:
+    """``-p_h log(1 + a_h d)`` ``(H, Lq, Lk)`` for per-head ``p, a (H,)`` and ``d (Lq, Lk)``."""
+    return -p[:, None, None] * torch.log1p(a[:, None, None] * distance)
