@@ -272,12 +272,17 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def evaluate(cfg: DictConfig, run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
+def evaluate(
+    cfg: DictConfig, run_dir: Path, out_dir: Path | None = None, loaded: tuple | None = None
+) -> dict[str, Any]:
     """Evaluate ``run_dir`` on ``cfg.eval.splits``; writes ``metrics.json`` and the other
     files into ``out_dir`` (default: the run directory, whose earlier evaluation of another step
-    is archived first) and returns the metrics."""
+    is archived first) and returns the metrics. ``loaded`` is :func:`load_run_model`'s answer
+    when the caller has it already."""
     device = resolve_device(cfg.device)
-    tokenizer, model, step, path = load_run_model(run_dir, cfg, cfg.eval.checkpoint, device)
+    if loaded is None:
+        loaded = load_run_model(run_dir, cfg, cfg.eval.checkpoint, device)
+    tokenizer, model, step, path = loaded
     own = out_dir is None
     out_dir = run_dir if own else out_dir
     if own:
@@ -432,15 +437,15 @@ def main(argv: list[str] | None = None) -> None:
     overrides = [a for a in args if not a.startswith("run_dir=")]
     check_run_dir(run_dir)
     cfg = compose_run_config(run_dir, overrides)
-    path = existing_checkpoint(run_dir, cfg.eval.checkpoint)
+    existing_checkpoint(run_dir, cfg.eval.checkpoint)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    step = int(checkpoint.load(path)["state"]["step"])
-    out_dir = evaluation_dir(run_dir, overrides, step)
+    loaded = load_run_model(run_dir, cfg, cfg.eval.checkpoint, resolve_device(cfg.device))
+    out_dir = evaluation_dir(run_dir, overrides, loaded[2])
     metrics = read_json(out_dir / "metrics.json")
     if metrics is not None:
         log.info("%s holds this evaluation already; delete it to evaluate again", out_dir)
     else:
-        metrics = evaluate(cfg, run_dir, out_dir)
+        metrics = evaluate(cfg, run_dir, out_dir, loaded)
         OmegaConf.save(cfg, out_dir / "eval_config.yaml")
         log.info("results in %s", out_dir)
     print(
