@@ -66,7 +66,7 @@ def test_rerunning_a_sweep_runs_only_the_failed_and_missing_jobs(tmp_path, monke
     real_train = cli.train
     monkeypatch.setattr(cli, "train", recording_train)
     second = {pe: cli.run(compose(*overrides, f"pe={pe}"), d, True) for pe, d in jobs.items()}
-    assert trained == [jobs["rope"]]  # the finished run was not even loaded
+    assert trained == [jobs["rope"]]  # the finished run was not trained again
     assert second["nonepe"] == first["nonepe"]
     assert second["rope"]["step"] == 4 and not (jobs["rope"] / "failed.json").exists()
 

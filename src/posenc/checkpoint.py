@@ -104,8 +104,8 @@ def load(path: Path) -> dict[str, Any]:
             ) from err
         raise CheckpointError(
             f"checkpoint {path} refused: it names '{found.group(1)}', not a tensor or plain "
-            "value, and "
-            "loading it could run code; posenc checkpoints hold tensors and plain values only "
+            "value, and loading it could run code; posenc checkpoints hold tensors and plain "
+            "values only "
             "(one written by posenc before weights-only checkpoints cannot be loaded)"
         ) from None
     except Exception as err:
