@@ -17,6 +17,7 @@ from posenc.data import (
     TokenBatcher,
     clean_pairs,
     collate,
+    eval_splits,
     load_corpora,
     resolve_path,
 )
@@ -119,6 +120,7 @@ def local_config(directory: Path, **overrides) -> dict:
         valid="dev",
         test="test",
         valid_size=None,
+        holdout={},
     )
     cfg.update(overrides)
     return cfg
@@ -229,6 +231,56 @@ def test_bad_settings_give_one_line_errors(local_dir, overrides, parts):
     assert_one_line_error(excinfo, *parts)
 
 
+def test_holdout_sets_are_cut_out_of_training_and_none_of_their_sources_is_trained_on(
+    local_dir, caplog
+):
+    # One source of the stem has a second translation: held out, both pairs leave training.
+    src, tgt = sentences(60, 1), sentences(60, 2)
+    write_pair(local_dir, "corpus/train", [*src, src[0]], [*tgt, "another translation"])
+    holdout = {"inside": {"stem": "corpus/train", "size": 20}}
+    with caplog.at_level(logging.INFO, logger="posenc.data"):
+        corpora = load_corpora(local_config(local_dir, holdout=holdout, clean=None))
+    inside = corpora["inside"]
+    assert len(inside) == 20 and len(set(inside.src)) == 20
+    pairs = dict(zip(src, tgt, strict=True))
+    assert all(pairs[s] == t for s, t in zip(inside.src, inside.tgt, strict=True))
+    positions = [src.index(s) for s in inside.src]
+    assert positions != sorted(positions)  # a random order: max_sentences keeps a random subset
+    assert not set(inside.src) & set(corpora["train"].src)
+    trained_on = 61 - 20 - (1 if src[0] in inside.src else 0) + 10
+    assert len(corpora["train"]) == trained_on
+    assert "inside: 20 pairs held out of corpus/train" in caplog.text
+    again = load_corpora(local_config(local_dir, holdout=holdout, clean=None))
+    other = load_corpora(local_config(local_dir, holdout=holdout, clean=None, seed=7))
+    assert again["inside"].src == inside.src and other["inside"].src != inside.src
+
+
+def test_eval_splits_all_means_every_test_split_but_not_valid(local_dir):
+    holdout = {"inside": {"stem": "corpus/train", "size": 5}}
+    corpora = load_corpora(local_config(local_dir, holdout=holdout, extra_tests={"x": "dev"}))
+    assert eval_splits(["all"], corpora) == ["test", "x", "inside"]
+    assert eval_splits(["valid", "all", "test"], corpora) == ["valid", "test", "x", "inside"]
+    with pytest.raises(DataError) as excinfo:
+        eval_splits(["tset"], corpora)
+    assert_one_line_error(excinfo, "'tset'", "'test'", "all")
+
+
+@pytest.mark.parametrize(
+    ("holdout", "parts"),
+    [
+        ({"h": {"stem": "dev", "size": 5}}, ["data.holdout.h.stem", "'dev'", "extra_tests"]),
+        ({"h": {"stem": "corpus/news", "size": 10}}, ["data.holdout.h.size", "[1, 10)", "10"]),
+        ({"h": {"stem": "corpus/news"}}, ["data.holdout.h", "{stem: STEM, size: N}"]),
+        ({"test": {"stem": "corpus/news", "size": 2}}, ["'test'", "rename"]),
+        ({"all": {"stem": "corpus/news", "size": 2}}, ["'all'", "rename"]),
+    ],
+)
+def test_bad_holdout_settings_give_one_line_errors(local_dir, holdout, parts):
+    with pytest.raises(DataError) as excinfo:
+        load_corpora(local_config(local_dir, holdout=holdout))
+    assert_one_line_error(excinfo, *parts)
+
+
 def test_direction_is_configurable(local_dir):
     forward = load_corpora(local_config(local_dir))
     backward = load_corpora(local_config(local_dir, src_lang="en", tgt_lang="fr"))
@@ -248,8 +300,11 @@ def test_real_local_corpus_loads(tmp_path):
     if not data_dir.is_dir():
         pytest.skip(f"the shared offline data ({data_dir}) is absent")
     corpora = load_corpora(data_config("local", dir=str(data_dir)))
-    assert len(corpora["train"]) > 170_000
+    assert len(corpora["train"]) > 200_000
     assert len(corpora["valid"]) == 500 and len(corpora["test"]) == 3003
+    assert len(corpora["tatoeba"]) == len(corpora["europarl"]) == 1000
+    held_out = set(corpora["tatoeba"].src) | set(corpora["europarl"].src)
+    assert not held_out & set(corpora["train"].src)
 
 
 # --- WMT14 from the hub (never touches the network) ------------------------------------------

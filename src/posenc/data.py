@@ -88,6 +88,22 @@ def load_corpora(cfg: Mapping) -> dict[str, Corpus]:
     return _prepare(loaders[kind](cfg), cfg)
 
 
+def eval_splits(requested: Sequence[str], corpora: Mapping[str, Corpus]) -> list[str]:
+    """The split names ``eval.splits`` asks for, in order; the entry ``all`` stands for every
+    test split of the data (``test``, then the extra and held-out test sets; not ``valid``)."""
+    names: list[str] = []
+    for name in requested:
+        if name == "all":
+            names += [n for n in corpora if n not in ("train", "valid")]
+        elif name not in corpora:
+            raise DataError(
+                f"eval.splits names {name!r}, but the data has only {sorted(corpora)} (or all)"
+            )
+        else:
+            names.append(name)
+    return list(dict.fromkeys(names))
+
+
 def resolve_path(path: str | Path) -> Path:
     """``path`` made absolute against the directory the user launched from.
 
@@ -186,7 +202,7 @@ def _normalise(line: str) -> str:
 
 def _check_extra_names(extra: Mapping) -> None:
     for name in extra:
-        if name in ("train", *HELD_OUT):
+        if name in ("train", "all", *HELD_OUT):
             raise DataError(f"extra test set name {name!r} clashes with a split; rename it")
 
 
@@ -253,22 +269,72 @@ def _load_local(cfg: dict) -> dict[str, Corpus]:
     parts = [read_pair(directory, stem, src_lang, tgt_lang, "train") for stem in stems]
     for stem, part in zip(stems, parts, strict=True):
         log.info("train: %s: %d pairs", stem, len(part))
-    splits = {
-        "train": Corpus(
-            "train",
-            [s for part in parts for s in part.src],
-            [t for part in parts for t in part.tgt],
-        )
-    }
+    splits: dict[str, Corpus] = {}
     extra = cfg.get("extra_tests") or {}
-    _check_extra_names(extra)
+    holdout = cfg.get("holdout") or {}
+    _check_extra_names({**extra, **holdout})
+    clash = sorted(set(extra) & set(holdout))
+    if clash:
+        raise DataError(f"{clash} named in both data.extra_tests and data.holdout; rename one")
     for name, stem in {"valid": cfg.get("valid"), "test": cfg.get("test"), **extra}.items():
         if stem is None:
             raise DataError(f"no file stem for split {name!r}; set data.{name}")
         if stem in stems:
             log.warning("split %r (%s) is also training data: not held-out", name, stem)
         splits[name] = read_pair(directory, stem, src_lang, tgt_lang, name)
-    return splits
+    held_out = carve_holdout(parts, stems, holdout, int(cfg.get("seed", 0)))
+    train = Corpus(
+        "train", [s for part in parts for s in part.src], [t for part in parts for t in part.tgt]
+    )
+    train = _without_held_out_sources(train, list(held_out.values()))
+    return {"train": train, **splits, **held_out}
+
+
+def carve_holdout(
+    parts: list[Corpus], stems: list[str], holdout: Mapping, seed: int
+) -> dict[str, Corpus]:
+    """In-domain test sets cut out of training stems (``data.holdout``, name -> ``{stem,
+    size}``): a seeded random sample of ``size`` pairs of that stem, each with a distinct,
+    non-empty source, in the sample's (random) order so ``eval.max_sentences`` keeps a random
+    subset. The pairs are removed from ``parts`` in place; returns the sets by name."""
+    out = {}
+    for name, spec in holdout.items():
+        if not isinstance(spec, Mapping) or set(spec) != {"stem", "size"}:
+            raise DataError(f"data.holdout.{name} must be {{stem: STEM, size: N}}, got {spec!r}")
+        stem, size = spec["stem"], spec["size"]
+        if stem not in stems:
+            raise DataError(
+                f"data.holdout.{name}.stem {stem!r} is not in data.train; a holdout is cut out "
+                "of training data (for a separate file use data.extra_tests)"
+            )
+        part = parts[stems.index(stem)]
+        first = {}
+        for i, (s, t) in enumerate(zip(part.src, part.tgt, strict=True)):
+            if s and t:
+                first.setdefault(s, i)
+        candidates = sorted(first.values())
+        if not isinstance(size, int) or not 0 < size < len(candidates):
+            raise DataError(
+                f"data.holdout.{name}.size must be an integer in [1, {len(candidates)}) (the "
+                f"distinct sources of {stem}), got {size!r}"
+            )
+        chosen = random.Random(f"holdout:{seed}:{name}").sample(candidates, size)
+        out[name] = part.subset(chosen)
+        taken = set(chosen)
+        parts[stems.index(stem)] = part.subset(i for i in range(len(part)) if i not in taken)
+        log.info("%s: %d pairs held out of %s", name, size, stem)
+    return out
+
+
+def _without_held_out_sources(train: Corpus, held_out: list[Corpus]) -> Corpus:
+    """``train`` without the pairs whose source sentence is a held-out source (a source with
+    several translations must not be seen in training with another one)."""
+    if not held_out:
+        return train
+    sources = {s for corpus in held_out for s in corpus.src}
+    keep = [i for i, s in enumerate(train.src) if s not in sources]
+    log.info("train: dropped %d more pairs whose source is held out", len(train) - len(keep))
+    return train.subset(keep)
 
 
 # --- WMT14 from the hub ----------------------------------------------------------------------

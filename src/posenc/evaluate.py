@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc import checkpoint
 from posenc.attention_maps import example_attention, plot_attention
-from posenc.data import Corpus, TokenBatcher, collate, load_corpora
+from posenc.data import Corpus, TokenBatcher, collate, eval_splits, load_corpora
 from posenc.metrics import BertScore, bleu_chrf
 from posenc.model import Seq2Seq
 from posenc.tblog import RunLogger
@@ -289,9 +289,7 @@ def evaluate(
         archive_evaluation(run_dir, step)
     out_dir.mkdir(parents=True, exist_ok=True)
     corpora = load_corpora(cfg.data)
-    missing = [s for s in cfg.eval.splits if s not in corpora]
-    if missing:
-        raise ValueError(f"eval.splits names {missing}, but the data has only {sorted(corpora)}")
+    splits = eval_splits(cfg.eval.splits, corpora)
     bertscore = BertScore(
         cfg.eval.bertscore.model, cfg.eval.bertscore.layer, cfg.eval.bertscore.batch_size
     )
@@ -301,7 +299,7 @@ def evaluate(
         "step": step,
         "splits": {},
     }
-    for split in cfg.eval.splits:
+    for split in splits:
         metrics["splits"][split] = evaluate_split(
             model, tokenizer, corpora[split], cfg.eval, bertscore, device, out_dir, split
         )
@@ -323,11 +321,11 @@ def evaluate(
                     out_dir,
                     f"{split}.{name}",
                 )
-                for split in cfg.eval.splits
+                for split in splits
             },
         }
     _save_attention_example(
-        model, tokenizer, corpora[cfg.eval.splits[0]], cfg, out_dir, device, step, log_to=run_dir
+        model, tokenizer, corpora[splits[0]], cfg, out_dir, device, step, log_to=run_dir
     )
     summary_path = run_dir / "train_summary.json"
     if summary_path.exists():
