@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The CPU recipe sweep: every setting of experiment=recipe changed one at a time, in two lanes
+# of one thread each (this machine has two cores). Re-running skips finished runs.
+#   bash scripts/recipe_sweep.sh && python scripts/recipe_table.py outputs/sweeps/recipe
+set -euo pipefail
+PY=${PY:-python}
+run() { HF_HUB_OFFLINE=1 $PY train.py -m experiment=recipe "$@" > /dev/null; }
+lane_a() {
+  run seed=0
+  run model.d_model=64 model.d_ff=256
+  run model.d_model=256 model.d_ff=1024
+  run model.encoder_layers=1 model.decoder_layers=1
+  run model.encoder_layers=3 model.decoder_layers=3
+  run trainer.lr=5e-4
+  run trainer.lr=2e-3
+}
+lane_b() {
+  run seed=1
+  run trainer.lr=3e-3
+  run trainer.warmup_steps=30
+  run trainer.warmup_steps=300
+  run model.dropout=0.0
+  run trainer.max_tokens=1024
+  run trainer.max_tokens=4096
+}
+lane_a & lane_b & wait
