@@ -6,12 +6,14 @@ Sweep: ``python train.py -m pe=nonepe,sinpe,rope``. Every setting is in ``config
 import hydra
 from omegaconf import DictConfig
 
-from posenc.cli import hydra_job, run
+from posenc.cli import hydra_job, objective, run
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
-def main(cfg: DictConfig) -> None:
-    run(cfg, *hydra_job())
+def main(cfg: DictConfig) -> float | None:
+    run_dir, multirun = hydra_job()
+    run(cfg, run_dir, multirun)
+    return objective(cfg, run_dir)
 
 
 if __name__ == "__main__":

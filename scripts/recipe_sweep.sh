@@ -24,3 +24,19 @@ lane_b() {
   run trainer.max_tokens=4096
 }
 lane_a & lane_b & wait
+# Round 2: the winners of round 1 combined (lr 2e-3/3e-3, 1024-token batches, no dropout,
+# 1+1 layers, short warmup).
+COMBINED=(trainer.max_tokens=1024 model.dropout=0.0)
+lane_c() {
+  run trainer.lr=3e-3 "${COMBINED[@]}"
+  run trainer.lr=3e-3 "${COMBINED[@]}" model.encoder_layers=1 model.decoder_layers=1
+}
+lane_d() {
+  run trainer.lr=2e-3 "${COMBINED[@]}"
+  run trainer.lr=3e-3 "${COMBINED[@]}" trainer.warmup_steps=30
+}
+lane_c & lane_d & wait
+# Round 3: further along the two directions that helped most (smaller batches, higher lr).
+lane_e() { run trainer.lr=3e-3 model.dropout=0.0 trainer.max_tokens=512; }
+lane_f() { run trainer.lr=5e-3 "${COMBINED[@]}"; }
+lane_e & lane_f & wait

@@ -11,20 +11,28 @@ from pathlib import Path
 from posenc.markdown import embed_report, fill_section
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDIES = ("compare", "compare_long", "extrapolation", "encoder_forms", "encoder_forms_toy")
+STUDIES = (
+    "compare",
+    "compare_long",
+    "extrapolation",
+    "encoder_forms",
+    "encoder_forms_toy",
+    "demo",
+    "demo_toy",
+)
 
 
 def copy_report(report_dir: Path, docs_dir: Path) -> None:
-    """Replace ``docs_dir``'s report files (md, csv, png) by those of ``report_dir``, with
+    """Replace ``docs_dir``'s report files (md, txt, csv, png) by those of ``report_dir``, with
     paths inside the project made relative to it and the home directory written ``~``."""
     docs_dir.mkdir(parents=True, exist_ok=True)
     for old in docs_dir.iterdir():
-        if old.suffix in {".md", ".csv", ".png"}:
+        if old.suffix in {".md", ".txt", ".csv", ".png"}:
             old.unlink()
     for new in report_dir.iterdir():
         if new.suffix == ".png":
             shutil.copy2(new, docs_dir / new.name)
-        elif new.suffix in {".md", ".csv"}:
+        elif new.suffix in {".md", ".txt", ".csv"}:
             text = new.read_bytes().replace(f"{ROOT}/".encode(), b"")
             text = text.replace(f"{Path.home()}/".encode(), b"~/")
             (docs_dir / new.name).write_bytes(text)

@@ -101,3 +101,39 @@ def test_a_parallel_sweep_rerun_retries_only_the_failed_job(tmp_path):
     assert (rope / "metrics.json").exists() and not (rope / "failed.json").exists()
     assert (nonepe / "metrics.json").stat().st_mtime_ns == finished_at
     assert "already trained and evaluated; nothing to do" in (nonepe / "train.log").read_text()
+
+
+def test_the_lr_search_preset_runs_optuna_trials_and_minimises_the_validation_loss(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    command = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "-m",
+        "experiment=lr_search",
+        "data=toy",
+        "model=tiny",
+        "threads=1",
+        "tokenizer.vocab_size=1024",
+        "tokenizer.min_frequency=1",
+        "pe=rope",
+        "trainer.max_time=null",
+        "trainer.max_steps=4",
+        "trainer.valid_every=2",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.sampler.n_startup_trials=2",
+    ]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = tmp_path / "outputs" / "sweeps" / "lr_search" / "pe=rope"  # one folder per encoding
+    trials = sorted(sweep.glob("*,trainer.lr=*"))
+    assert len(trials) == 2
+    losses = {
+        float(d.name.split("trainer.lr=")[1].split(",")[0]): json.loads(
+            (d / "train_summary.json").read_text()
+        )["best_valid_loss"]
+        for d in trials
+    }
+    assert all(3e-4 <= lr <= 1e-2 for lr in losses)
+    best = (sweep / "optimization_results.yaml").read_text()
+    assert f"best_value: {min(losses.values())}" in best
+    assert not list(sweep.glob("*/metrics.json"))  # a search trains only

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from math import inf
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,17 @@ def finished_metrics(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
         t.max_time is not None and seconds >= t.max_time
     )
     return metrics if spent else None
+
+
+def objective(cfg: DictConfig, run_dir: Path) -> float | None:
+    """What ``train.py`` returns to an optimising sweeper (Optuna), per ``cfg.objective``:
+    ``valid_loss`` = the run's best validation loss (``inf`` for a run that failed, so the
+    search moves away from it); None when ``cfg.objective`` is null."""
+    if cfg.get("objective") is None:
+        return None
+    summary = read_json(run_dir / "train_summary.json") or {}
+    loss = summary.get("best_valid_loss")
+    return float(loss) if loss is not None and not (run_dir / "failed.json").exists() else inf
 
 
 def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any] | None:

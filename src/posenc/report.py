@@ -6,8 +6,10 @@ multirun in ``SWEEP_DIR/<override_dirname>/``) and writes into ``--out`` (defaul
 ``SWEEP_DIR/report``); scores come from each run's own evaluation, or with ``--eval NAME`` from
 its standalone evaluation ``RUN/evals/NAME/`` (see :mod:`posenc.evaluate`):
 
-- ``report.md``: runs and their status, learning curves, scores, significance, length buckets,
-  cost and attention maps, every split of the metrics (the focus split ``--split`` first);
+- ``report.md``: a reading (one paragraph, also in ``reading.txt``: what the significance tests
+  say and how far to trust them, see :mod:`posenc.reading`), then runs and their status,
+  learning curves, scores, significance, length buckets, cost and attention maps, every split of
+  the metrics (the focus split ``--split`` first);
 - ``*.png``: the figures the report shows;
 - ``report.csv``: every number of the tables, long format ``section,split,encoding,run,metric,
   value`` (``run`` is empty for a mean over seeds).
@@ -43,6 +45,8 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
+
+from posenc.reading import reading
 
 DONE, FAILED, UNFINISHED = "done", "failed", "unfinished"
 SECTIONS = (
@@ -1244,11 +1248,15 @@ def build_report(
         f"Sweep `{sweep}`; focus split `{focus}`; splits: {', '.join(splits) or 'none yet'}. "
         "Every number of the tables is also in `report.csv`."
     )
+    top = len(w.lines)
     section_runs(w, runs, groups, focus)
     section_curves(w, groups, colours)
     split_sections(w, splits, systems, runs, samples, colours)
     section_cost(w, groups, focus)
     section_attention(w, groups)
+    summary = reading(w.rows, splits)
+    w.lines[top:top] = ["## Reading", "", summary, ""]
+    (out / "reading.txt").write_text(summary + "\n", encoding="utf-8")
     return w.save()
 
 
@@ -1316,6 +1324,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ReportError as err:
         raise SystemExit(f"error: {err}") from None
     print(scores_summary(path.read_text(encoding="utf-8"), args.split))
+    print()
+    print((path.parent / "reading.txt").read_text(encoding="utf-8"))
     print(f"report: {path}")
 
 

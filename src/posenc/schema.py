@@ -91,6 +91,7 @@ SETTINGS: dict[str, Setting] = {
     "seed": Setting("int", low=0),
     "threads": Setting("int", low=1, optional=True),
     "device": Setting("str"),
+    "objective": Setting("str", optional=True, choices=("valid_loss",)),
     "name": Setting("str"),
     "model.d_model": POSITIVE,
     "model.n_heads": POSITIVE,

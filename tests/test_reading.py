@@ -1,0 +1,85 @@
+"""The report's reading paragraph says what its significance rows say, and how far to trust it."""
+
+from __future__ import annotations
+
+from posenc.reading import reading, split_reading
+
+
+def rows(split: str, bleu: dict[str, float], p: dict[str, float], seeds: int = 1) -> list[dict]:
+    out = [
+        {
+            "section": "significance",
+            "split": split,
+            "encoding": e,
+            "run": "",
+            "metric": "bleu",
+            "value": v,
+        }
+        for e, v in bleu.items()
+    ]
+    out += [
+        {
+            "section": "significance",
+            "split": split,
+            "encoding": e,
+            "run": "",
+            "metric": "p_bleu",
+            "value": v,
+        }
+        for e, v in p.items()
+    ]
+    out += [
+        {
+            "section": "scores",
+            "split": split,
+            "encoding": e,
+            "run": "",
+            "metric": "bleu_n",
+            "value": seeds,
+        }
+        for e in bleu
+    ]
+    out += [
+        {
+            "section": "runs",
+            "split": split,
+            "encoding": e,
+            "run": f"pe={e}",
+            "metric": "train_seconds",
+            "value": 100 + i,
+        }
+        for i, e in enumerate(bleu)
+    ]
+    return out
+
+
+def test_it_names_the_best_encoding_and_the_significantly_worse_ones():
+    text = split_reading(
+        rows("test", {"rope": 9.0, "sinpe": 8.5, "nonepe": 1.0}, {"sinpe": 0.3, "nonepe": 0.001}),
+        "test",
+    )
+    assert "**rope** scores best (BLEU 9.0)" in text
+    assert "range from 1.0 to 8.5" in text
+    assert "1 of them are significantly worse" in text and "nonepe;" in text
+    assert "within test-set noise" in text
+
+
+def test_it_says_when_nothing_or_everything_differs():
+    same = split_reading(rows("t", {"a": 2.0, "b": 1.9}, {"b": 0.6}), "t")
+    assert "None of them is significantly worse" in same
+    apart = split_reading(rows("t", {"a": 20.0, "b": 1.9, "c": 1.0}, {"b": 0.01, "c": 0.001}), "t")
+    assert "All of them are significantly worse" in apart
+
+
+def test_one_seed_is_named_as_a_limit_of_trust():
+    data = rows("test", {"a": 3.0, "b": 1.0}, {"b": 0.01}) + rows(
+        "tatoeba", {"a": 5.0, "b": 6.0}, {"a": 0.2}
+    )
+    text = reading(data, ["test", "tatoeba"])
+    assert text.index("On `test`") < text.index("On `tatoeba`")
+    assert "1 seed(s) per encoding after 100 to 101 s of training" in text
+    assert "not how much a ranking moves with the training seed" in text
+
+
+def test_without_two_scored_encodings_there_is_nothing_to_read():
+    assert "nothing to compare" in reading(rows("test", {"a": 3.0}, {}), ["test"])
