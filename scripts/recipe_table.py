@@ -3,7 +3,8 @@
 ``python scripts/recipe_table.py SWEEP_DIR [--minutes 0.5,1,1.5,2,2.5] [--out FILE]`` reads each
 run's validation loss against training seconds (TensorBoard, ``time/valid_loss``), interpolates
 it linearly at the given minutes (blank past the run's last validation or before its first),
-and prints a markdown table sorted by the loss at the last minute, best first. ``--out`` also
+and prints a markdown table sorted by the loss at the latest of those minutes that every run
+reached, best first. ``--out`` also
 writes the rows as JSON. A run's setting is its directory name (the overrides it was launched
 with, beside ``experiment=recipe``).
 """
@@ -48,8 +49,10 @@ def recipe_rows(sweep: Path, minutes: list[float]) -> list[dict]:
                 "parameters": summary.get("parameters"),
             }
         )
-    last = f"{minutes[-1]:g}"
-    return sorted(rows, key=lambda r: (math.isnan(r["loss"][last]), r["loss"][last]))
+    keys = [f"{m:g}" for m in minutes]
+    shared = [k for k in keys if rows and all(not math.isnan(r["loss"][k]) for r in rows)]
+    rank_by = shared[-1] if shared else keys[-1]  # the latest minute every run reached
+    return sorted(rows, key=lambda r: (math.isnan(r["loss"][rank_by]), r["loss"][rank_by]))
 
 
 def markdown(rows: list[dict], minutes: list[float]) -> str:

@@ -138,3 +138,29 @@ def test_plotted_arrays(name):
         assert mean.shape == arrays["decoder_rotary_score"].shape == (LENGTH,)
         assert np.argmax(mean) == LENGTH // 2
         np.testing.assert_allclose(mean[1:], mean[1:][::-1], atol=1e-4)
+
+
+def test_recipe_table_reads_loss_at_fixed_minutes_and_ranks_at_the_shared_horizon(tmp_path):
+    from posenc.tblog import RunLogger
+
+    def fake_run(name: str, curve: dict[int, float]) -> None:
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text("pe: {name: sinpe}\n")
+        (run / "train_summary.json").write_text(
+            json.dumps({"steps": 10, "train_tokens_per_s": 1000.0, "parameters": 1_500_000})
+        )
+        logger = RunLogger(run / "tb")
+        for second, loss in curve.items():
+            logger.against_time("valid_loss", loss, second)
+        logger.close()
+
+    fake_run("slow", {10: 8.0, 60: 7.0, 120: 6.0})  # ahead at 2 min
+    fake_run("fast", {10: 7.0, 60: 6.5, 120: 6.2, 360: 5.0})  # ran longer
+    table = runpy.run_path(str(ROOT / "scripts" / "recipe_table.py"))
+    rows = table["recipe_rows"](tmp_path, [0.5, 2, 6])
+    assert [r["setting"] for r in rows] == ["slow", "fast"]  # ranked at 2 min, not 6
+    assert rows[0]["loss"]["0.5"] == pytest.approx(7.6)  # 30 s: between 10 s and 60 s
+    assert np.isnan(rows[0]["loss"]["6"]) and rows[1]["loss"]["6"] == pytest.approx(5.0)
+    text = table["markdown"](rows, [0.5, 2, 6])
+    assert "| `slow` | 7.600 | 6.000 |  | 10 | 1,000 | 1.5M |" in text
