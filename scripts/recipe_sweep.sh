@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The CPU recipe sweep: every setting of experiment=recipe changed one at a time, in two lanes
-# of one thread each (this machine has two cores). Re-running skips finished runs.
-#   bash scripts/recipe_sweep.sh && python scripts/recipe_table.py outputs/sweeps/recipe
+# The CPU recipe sweep (docs/RESULTS.md §6): round 1 changes every setting of experiment=recipe
+# one at a time, rounds 2 and 3 combine the winners, the best two then run to 6 minutes. Two
+# lanes of one thread each (this machine has two cores). Re-running skips finished runs.
+#   bash scripts/recipe_sweep.sh && python scripts/recipe_table.py outputs/sweeps/recipe \
+#     --minutes 0.5,1,1.5,2,2.5,6
 set -euo pipefail
 PY=${PY:-python}
 run() { HF_HUB_OFFLINE=1 $PY train.py -m experiment=recipe "$@" > /dev/null; }
@@ -40,3 +42,11 @@ lane_c & lane_d & wait
 lane_e() { run trainer.lr=3e-3 model.dropout=0.0 trainer.max_tokens=512; }
 lane_f() { run trainer.lr=5e-3 "${COMBINED[@]}"; }
 lane_e & lane_f & wait
+# The two best combinations continued to 6 minutes (trainer.max_time is not part of a run's
+# name, so the same runs go on; the inverse-sqrt schedule does not depend on the budget).
+lane_g() {
+  run trainer.lr=3e-3 "${COMBINED[@]}" model.encoder_layers=1 model.decoder_layers=1 \
+    trainer.max_time=360
+}
+lane_h() { run trainer.lr=3e-3 "${COMBINED[@]}" trainer.max_time=360; }
+lane_g & lane_h & wait

@@ -35,6 +35,7 @@ PROPERTY = settings(
 def local_config(directory: Path, clean: dict | None = None) -> dict:
     cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "data" / "local.yaml"))
     cfg.update(dir=str(directory), train=["x"], valid="x", test="x", valid_size=None, clean=clean)
+    cfg["holdout"] = {}
     return cfg
 
 

@@ -59,14 +59,14 @@ def test_it_names_the_best_encoding_and_the_significantly_worse_ones():
         "test",
     )
     assert "**rope** scores best (BLEU 9.0)" in text
-    assert "range from 1.0 to 8.5" in text
-    assert "1 of them are significantly worse" in text and "nonepe;" in text
+    assert "range from 1.0 (nonepe) to 8.5 (sinpe)" in text
+    assert "1 of them is significantly worse" in text and "nonepe;" in text
     assert "within test-set noise" in text
 
 
 def test_it_says_when_nothing_or_everything_differs():
     same = split_reading(rows("t", {"a": 2.0, "b": 1.9}, {"b": 0.6}), "t")
-    assert "None of them is significantly worse" in same
+    assert "the other one, b, has 1.9" in same and "None of them is significantly worse" in same
     apart = split_reading(rows("t", {"a": 20.0, "b": 1.9, "c": 1.0}, {"b": 0.01, "c": 0.001}), "t")
     assert "All of them are significantly worse" in apart
 
@@ -77,7 +77,7 @@ def test_one_seed_is_named_as_a_limit_of_trust():
     )
     text = reading(data, ["test", "tatoeba"])
     assert text.index("On `test`") < text.index("On `tatoeba`")
-    assert "1 seed(s) per encoding after 100 to 101 s of training" in text
+    assert "one seed per encoding after 100 to 101 s of training" in text
     assert "not how much a ranking moves with the training seed" in text
 
 

@@ -107,8 +107,15 @@ def csv_value(rows, **match) -> str:
 
 def test_the_report_has_every_section(report):
     _, markdown, _ = report
-    for title in SECTIONS:
+    for title in ("Reading", *SECTIONS):
         assert f"\n## {title}\n" in markdown
+    assert markdown.index("## Reading") < markdown.index(f"## {SECTIONS[0]}")
+
+
+def test_the_reading_is_written_from_the_significance_rows(report):
+    out, markdown, _ = report
+    text = (out / "reading.txt").read_text().strip()
+    assert text in markdown and text.startswith("On `test`, **") and "How far to trust" in text
     for split in ("test", "long"):
         assert markdown.count(f"\n### {split}\n") == 3  # scores, significance, buckets
 

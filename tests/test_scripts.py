@@ -164,3 +164,17 @@ def test_recipe_table_reads_loss_at_fixed_minutes_and_ranks_at_the_shared_horizo
     assert np.isnan(rows[0]["loss"]["6"]) and rows[1]["loss"]["6"] == pytest.approx(5.0)
     text = table["markdown"](rows, [0.5, 2, 6])
     assert "| `slow` | 7.600 | 6.000 |  | 10 | 1,000 | 1.5M |" in text
+
+
+def test_lr_search_table_gives_each_encodings_best_rate_and_every_trial(tmp_path):
+    searches = {"rope": {0.002: 5.5, 0.004: 5.4}, "sinpe": {0.001: 5.9, 0.003: 6.0}}
+    for pe, results in searches.items():
+        for lr, loss in results.items():
+            run = tmp_path / f"pe={pe}" / f"pe={pe},trainer.lr={lr}"
+            run.mkdir(parents=True)
+            (run / "train_summary.json").write_text(json.dumps({"best_valid_loss": loss}))
+    (tmp_path / "pe=rope" / "pe=rope,trainer.lr=0.009").mkdir()  # unfinished: not listed
+    script = runpy.run_path(str(ROOT / "scripts" / "lr_search_table.py"))
+    text = script["table"](tmp_path)
+    assert "| rope | 0.004 | 5.400 | 0.002: 5.500, 0.004: 5.400 |" in text
+    assert "| sinpe | 0.001 | 5.900 | 0.001: 5.900, 0.003: 6.000 |" in text

@@ -105,6 +105,7 @@ def test_a_parallel_sweep_rerun_retries_only_the_failed_job(tmp_path):
 
 def test_the_lr_search_preset_runs_optuna_trials_and_minimises_the_validation_loss(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")  # two trials at a time
     command = [
         sys.executable,
         str(ROOT / "train.py"),

@@ -45,17 +45,22 @@ def split_reading(rows: Sequence[Mapping[str, Any]], split: str) -> str | None:
     best = next(name for name in bleu if name not in p_bleu)
     others = sorted((n for n in bleu if n != best), key=lambda n: -bleu[n])
     worse = [n for n in others if p_bleu.get(n, 1.0) < ALPHA]
-    text = (
-        f"On `{split}`, **{best}** scores best (BLEU {bleu[best]:.1f}); the other "
-        f"{len(others)} range from {bleu[others[-1]]:.1f} to {bleu[others[0]]:.1f}. "
+    low, high = others[-1], others[0]
+    spread = (
+        f"the other one, {low}, has {bleu[low]:.1f}"
+        if low == high
+        else f"the other {len(others)} range from {bleu[low]:.1f} ({low}) to "
+        f"{bleu[high]:.1f} ({high})"
     )
+    text = f"On `{split}`, **{best}** scores best (BLEU {bleu[best]:.1f}); {spread}. "
     if not worse:
         return text + f"None of them is significantly worse (paired bootstrap, p < {ALPHA}). "
     if len(worse) == len(others):
         return text + f"All of them are significantly worse (paired bootstrap, p < {ALPHA}). "
     return (
         text
-        + f"{len(worse)} of them are significantly worse (paired bootstrap, p < {ALPHA}): "
+        + f"{len(worse)} of them {'is' if len(worse) == 1 else 'are'} significantly worse "
+        + f"(paired bootstrap, p < {ALPHA}): "
         + f"{_names(worse)}; the rest are within test-set noise of it. "
     )
 
@@ -76,9 +81,12 @@ def reading(rows: Sequence[Mapping[str, Any]], splits: Sequence[str]) -> str:
         if seconds
         else "at this budget"
     )
-    n_seeds = f"{min(seeds)}" if seeds and min(seeds) == max(seeds) else "a varying number of"
+    if seeds and min(seeds) == max(seeds):
+        n_seeds = "one seed" if seeds[0] == 1 else f"{seeds[0]} seeds"
+    else:
+        n_seeds = "a varying number of seeds"
     trust = (
-        f"How far to trust this: {n_seeds} seed(s) per encoding {budget}. The bootstrap measures "
+        f"How far to trust this: {n_seeds} per encoding {budget}. The bootstrap measures "
         "only the sampling of test sentences, "
         + (
             "not how much a ranking moves with the training seed (run more seeds to see that); "
