@@ -1,5 +1,6 @@
 """Copy the study's sweep reports into docs/ and refill the generated sections of
-docs/RESULTS.md: ``python scripts/update_results.py [--sweeps outputs/sweeps]``.
+docs/RESULTS.md: ``python scripts/update_results.py [--sweeps outputs/sweeps]``. The demo's two
+reports are copied (docs/demo/, docs/demo_toy/) and linked from the page, not embedded.
 
 The hand-written parts of the page (setup, commands, discussion) stay as they are.
 """
@@ -20,11 +21,13 @@ STUDIES = (
     "demo",
     "demo_toy",
 )
+LINKED = {"demo", "demo_toy"}  # copied into docs/ and linked from the page, not embedded
 
 
-def copy_report(report_dir: Path, docs_dir: Path) -> None:
+def copy_report(report_dir: Path, docs_dir: Path, roots: tuple[Path, ...] = (ROOT,)) -> None:
     """Replace ``docs_dir``'s report files (md, txt, csv, png) by those of ``report_dir``, with
-    paths inside the project made relative to it and the home directory written ``~``."""
+    paths inside the project (or inside another checkout in ``roots`` the runs were made in)
+    made relative to it and the home directory written ``~``."""
     docs_dir.mkdir(parents=True, exist_ok=True)
     for old in docs_dir.iterdir():
         if old.suffix in {".md", ".txt", ".csv", ".png"}:
@@ -33,7 +36,9 @@ def copy_report(report_dir: Path, docs_dir: Path) -> None:
         if new.suffix == ".png":
             shutil.copy2(new, docs_dir / new.name)
         elif new.suffix in {".md", ".txt", ".csv"}:
-            text = new.read_bytes().replace(f"{ROOT}/".encode(), b"")
+            text = new.read_bytes()
+            for root in roots:
+                text = text.replace(f"{root}/".encode(), b"")
             text = text.replace(f"{Path.home()}/".encode(), b"~/")
             (docs_dir / new.name).write_bytes(text)
 
@@ -50,10 +55,12 @@ def main() -> None:
         if not (report_dir / "report.md").exists():
             print(f"{name}: no report in {report_dir} (run scripts/report.py on the sweep); kept")
             continue
-        copy_report(report_dir, docs / name)
+        copy_report(report_dir, docs / name, (ROOT, args.sweeps.resolve().parents[1]))
+        print(f"{name}: copied {report_dir} to docs/{name}")
+        if name in LINKED:
+            continue
         report = (docs / name / "report.md").read_text()
         page = fill_section(page, name, embed_report(report, name, ("Attention maps",)))
-        print(f"{name}: copied {report_dir} to docs/{name}")
     bench = (docs / "bench" / "bench.md").read_text()
     page = fill_section(page, "bench", embed_report(bench, "bench"))
     results.write_text(page)

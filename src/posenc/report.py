@@ -70,6 +70,8 @@ IGNORED_KEYS = {
     "trainer.log_every",
     "eval.splits",
 }
+#: settings left out of the report: where this machine caches tokenizers (no result depends on it)
+UNREPORTED_KEYS = {"cache_dir"}
 #: the shared setup shown in section 1: (what, config keys)
 SETUP_KEYS = (
     (
@@ -582,7 +584,9 @@ def setup_lines(w: Writer, runs: Sequence[Run]) -> None:
             lines.append(f"- **{what}**: " + ", ".join(parts))
     w.text(*lines)
     varying = set(differing_keys(runs))
-    shared = {k: v for k, v in runs[0].config.items() if k not in varying}
+    shared = {
+        k: v for k, v in runs[0].config.items() if k not in varying and k not in UNREPORTED_KEYS
+    }
     w.text(
         "<details><summary>All shared settings</summary>",
         "",
