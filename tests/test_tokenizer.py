@@ -219,6 +219,8 @@ def test_mbert_matches_transformers_bert_tokenizer(mbert):
 def test_mbert_decoding_rejoins_what_13a_keeps_together(mbert):
     text = "L'homme est-il là ? It's 3.5 km, or 1,000 m."
     assert mbert.decode(mbert.encode(text)) == "L'homme est-il là? It's 3.5 km, or 1,000 m."
+    rows = [mbert.encode(t) for t in (text, *FRENCH[:3])]
+    assert mbert.decode_batch(rows) == [mbert.decode(row) for row in rows]  # evaluation's path
 
 
 @needs_vocab

@@ -16,12 +16,12 @@ import os
 import pickle
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from posenc.files import replacing
 from posenc.overrides import paste
 
 PREVIOUS = "previous.pt"
@@ -31,29 +31,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read; the message names the file and the way out."""
 
 
-def _fsync(handle) -> None:
-    handle.flush()
-    os.fsync(handle.fileno())
-
-
 def save_atomic(obj: Any, path: Path, keep_previous: bool = False) -> None:
     """``torch.save(obj)`` to ``path`` so that readers see the old file or the new one, never half.
 
     With ``keep_previous``, the file being replaced first becomes ``previous.pt`` in the same
     directory (``path`` itself stays complete throughout).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
-            _fsync(handle)
+    with replacing(path, "wb") as handle:
+        torch.save(obj, handle)
         if keep_previous and path.exists():
             _link_over(path, path.with_name(PREVIOUS))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _link_over(source: Path, target: Path) -> None:

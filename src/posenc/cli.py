@@ -21,8 +21,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from posenc import distributed
 from posenc.checkpoint import CheckpointError
 from posenc.data import DataError
-from posenc.evaluate import evaluate, read_json
-from posenc.train import RunMismatchError, TrainingError, find_start, resolve_device, train
+from posenc.evaluate import evaluate
+from posenc.files import read_json
+from posenc.train import (
+    RunMismatchError,
+    TrainingError,
+    budget_spent,
+    find_start,
+    resolve_device,
+    train,
+)
 
 log = logging.getLogger("posenc")
 
@@ -57,11 +65,7 @@ def finished_metrics(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     summary = read_json(run_dir / "train_summary.json")
     if metrics is None or summary is None or metrics.get("step") != summary.get("steps"):
         return None
-    t = cfg.trainer
-    steps, seconds = summary.get("steps", 0), summary.get("train_seconds", 0.0)
-    spent = (t.max_steps is not None and steps >= t.max_steps) or (
-        t.max_time is not None and seconds >= t.max_time
-    )
+    spent = budget_spent(summary.get("steps", 0), summary.get("train_seconds", 0.0), cfg.trainer)
     return metrics if spent else None
 
 

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from posenc import checkpoint
 from posenc.attention_maps import example_attention, plot_attention
 from posenc.data import Corpus, TokenBatcher, collate, eval_splits, load_corpora
+from posenc.files import read_json, write_json
 from posenc.metrics import BertScore, bleu_chrf
 from posenc.model import Seq2Seq
 from posenc.tblog import RunLogger
@@ -168,7 +169,7 @@ def evaluate_split(
         eval_cfg.use_cache,
         device,
     )
-    hypotheses = [tokenizer.decode(row) for row in ids]
+    hypotheses = tokenizer.decode_batch(ids)
     (out_dir / f"hypotheses.{split}.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     (out_dir / f"references.{split}.txt").write_text("\n".join(corpus.tgt) + "\n", encoding="utf-8")
     nll, counts = sentence_losses(model, tokenizer, sources, targets, eval_cfg.batch_tokens, device)
@@ -263,15 +264,6 @@ def archive_evaluation(run_dir: Path, step: int) -> Path | None:
     return target
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or None when it is missing or unreadable."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def evaluate(
     cfg: DictConfig, run_dir: Path, out_dir: Path | None = None, loaded: tuple | None = None
 ) -> dict[str, Any]:
@@ -330,9 +322,7 @@ def evaluate(
     summary_path = run_dir / "train_summary.json"
     if summary_path.exists():
         metrics["train"] = json.loads(summary_path.read_text())
-    tmp = out_dir / ".metrics.json.tmp"
-    tmp.write_text(json.dumps(metrics, indent=2))
-    tmp.replace(out_dir / "metrics.json")
+    write_json(out_dir / "metrics.json", metrics)
     return metrics
 
 

@@ -46,6 +46,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
+from posenc.files import read_json
 from posenc.reading import reading
 
 DONE, FAILED, UNFINISHED = "done", "failed", "unfinished"
@@ -279,15 +280,6 @@ def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or None when it is missing or unreadable."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def read_curves(tb_dir: Path) -> dict[str, Curve]:
     """Validation loss against steps and against training seconds from TensorBoard events
     (``{"steps": (x, y), "time": (x, y)}``, the tags that exist; the last value of a step wins)."""
@@ -334,14 +326,14 @@ def load_run(path: Path, sweep: Path, evaluation: str | None = None) -> Run:
         return Run(name, path, {}, FAILED, f"config.yaml unreadable: {_first_line(err)}")
     results = path / "evals" / evaluation if evaluation else path
     run = Run(name, path, config, curves=read_curves(path / "tb"), results=results)
-    run.train = _read_json(path / "train_summary.json") or {}
+    run.train = read_json(path / "train_summary.json") or {}
     if (path / "failed.json").exists():
-        info = _read_json(path / "failed.json") or {}
+        info = read_json(path / "failed.json") or {}
         run.status = FAILED
         error, message = info.get("error", "error"), info.get("message", "failed.json unreadable")
         run.message = f"{error}: {message}"
     elif (results / "metrics.json").exists():
-        metrics = _read_json(results / "metrics.json")
+        metrics = read_json(results / "metrics.json")
         if metrics is None:
             run.status, run.message = FAILED, "metrics.json unreadable"
         else:

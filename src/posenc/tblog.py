@@ -16,6 +16,8 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
+from posenc.files import replacing
+
 TIME_PREFIX = "time/"
 
 
@@ -40,13 +42,11 @@ def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
                 dropped += 1
                 continue
             kept.append(raw)
-        tmp = path.with_name("." + path.name + ".tmp")
-        with open(tmp, "wb") as handle:
+        with replacing(path, "wb") as handle:
             writer = RecordWriter(handle)
             for raw in kept:
                 writer.write(raw)
             writer.flush()
-        tmp.replace(path)
     return dropped
 
 

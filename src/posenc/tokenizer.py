@@ -18,9 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,6 +27,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from posenc.data import Corpus, DataError, hub_unreachable, plain_config, resolve_path
+from posenc.files import write_text
 
 log = logging.getLogger("posenc.tokenizer")
 
@@ -88,9 +87,9 @@ class Tokenizer:
         rebuild this tokenizer."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(directory / "tokenizer.json", self.backend.to_str())
+        write_text(directory / "tokenizer.json", self.backend.to_str())
         meta = {"kind": self.kind, "name": self.name, "specials": self.specials}
-        _write_atomic(directory / META_FILE, json.dumps(meta, indent=2))
+        write_text(directory / META_FILE, json.dumps(meta, indent=2))
 
 
 class WordPieceTokenizer(Tokenizer):
@@ -228,7 +227,7 @@ def _build_bpe(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
         else:
             started = time.perf_counter()
             backend = _train_bpe(settings, train)
-            _write_atomic(path, backend.to_str())
+            write_text(path, backend.to_str())
             log.info(
                 "trained BPE (%d tokens) on %d pairs in %.1f s; cached at %s",
                 backend.get_vocab_size(),
@@ -239,19 +238,6 @@ def _build_bpe(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
     tokenizer = Tokenizer(backend, "bpe", str(cfg.get("name", "bpe")), BPE_SPECIALS)
     tokenizer.path = path
     return tokenizer
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace``, so readers never
-    see a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # --- mBERT -----------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ batches. Rank 0 alone validates and writes files.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import random
@@ -33,6 +32,7 @@ from tqdm import tqdm
 from posenc import checkpoint, distributed
 from posenc.data import Corpus, TokenBatcher, collate, load_corpora
 from posenc.encodings import encoding_factory
+from posenc.files import write_json
 from posenc.layers import LayerSpec
 from posenc.model import Seq2Seq, count_parameters
 from posenc.optim import lr_factor, make_optimizer
@@ -368,11 +368,16 @@ def _resume_path(cfg: DictConfig, run_dir: Path) -> Path | None:
     return last if last.exists() else None
 
 
-def _budget_spent(state: TrainState, cfg: DictConfig) -> bool:
-    t = cfg.trainer
-    return (t.max_steps is not None and state.step >= t.max_steps) or (
-        t.max_time is not None and state.train_seconds >= t.max_time
+def budget_spent(steps: int, seconds: float, trainer: DictConfig) -> bool:
+    """Whether ``steps`` optimizer steps and ``seconds`` of training spend the budget of
+    ``trainer`` (``max_steps`` or ``max_time``, whichever comes first)."""
+    return (trainer.max_steps is not None and steps >= trainer.max_steps) or (
+        trainer.max_time is not None and seconds >= trainer.max_time
     )
+
+
+def _budget_spent(state: TrainState, cfg: DictConfig) -> bool:
+    return budget_spent(state.step, state.train_seconds, cfg.trainer)
 
 
 def _nan_message(step_loss: float, step: int, last: Path) -> str:
@@ -406,13 +411,6 @@ def sanity_warnings(state: TrainState, trainer: DictConfig) -> list[str]:
             f"trainer.valid_every (now {trainer.valid_every}) or raise the budget"
         )
     return warnings
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file + rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
 
 
 def train(cfg: DictConfig, run_dir: Path, start: Start | None = None) -> dict[str, Any]:
@@ -623,7 +621,7 @@ def train(cfg: DictConfig, run_dir: Path, start: Start | None = None) -> dict[st
     }
     if logger is not None:
         save(best=False)
-        _write_json(run_dir / "train_summary.json", summary)
+        write_json(run_dir / "train_summary.json", summary)
         logger.close()
     distributed.barrier()  # the others leave once rank 0 has saved the final checkpoint
     return summary

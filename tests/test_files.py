@@ -1,0 +1,43 @@
+"""Atomic files: a reader sees the old file or the new one, never half; a failed write leaves the
+old file and no temporary file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posenc.files import read_json, replacing, write_json, write_text
+
+
+def test_a_write_replaces_the_whole_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "sub" / "metrics.json"
+    write_json(path, {"bleu": 1.0})
+    write_json(path, {"bleu": 2.5})
+    assert json.loads(path.read_text()) == {"bleu": 2.5}
+    assert [p.name for p in path.parent.iterdir()] == ["metrics.json"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_removes_its_temporary(tmp_path):
+    path = tmp_path / "summary.json"
+    write_text(path, "old")
+    with pytest.raises(RuntimeError), replacing(path) as handle:
+        handle.write("half of the new")
+        raise RuntimeError("killed")
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_binary_writes(tmp_path):
+    with replacing(tmp_path / "x.bin", "wb") as handle:
+        handle.write(b"\x00\x01")
+    assert (tmp_path / "x.bin").read_bytes() == b"\x00\x01"
+
+
+def test_read_json_is_none_for_what_is_not_a_json_object(tmp_path):
+    assert read_json(tmp_path / "missing.json") is None
+    write_text(tmp_path / "broken.json", '{"a": ')
+    write_text(tmp_path / "list.json", "[1, 2]")
+    assert read_json(tmp_path / "broken.json") is None and read_json(tmp_path / "list.json") is None
+    write_json(tmp_path / "ok.json", {"a": 1})
+    assert read_json(tmp_path / "ok.json") == {"a": 1}
