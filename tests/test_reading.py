@@ -5,52 +5,25 @@ from __future__ import annotations
 from posenc.reading import reading, split_reading
 
 
+def row(section: str, split: str, encoding: str, metric: str, value, run: str = "") -> dict:
+    """One row of a report's CSV."""
+    return dict(
+        section=section, split=split, encoding=encoding, run=run, metric=metric, value=value
+    )
+
+
 def rows(split: str, bleu: dict[str, float], p: dict[str, float], seeds: int = 1) -> list[dict]:
-    out = [
-        {
-            "section": "significance",
-            "split": split,
-            "encoding": e,
-            "run": "",
-            "metric": "bleu",
-            "value": v,
-        }
-        for e, v in bleu.items()
+    """The rows a report writes for ``split``: significance (BLEU and p against the best),
+    seeds per encoding and each run's training seconds (100, 101, ...)."""
+    return [
+        *(row("significance", split, e, "bleu", v) for e, v in bleu.items()),
+        *(row("significance", split, e, "p_bleu", v) for e, v in p.items()),
+        *(row("scores", split, e, "bleu_n", seeds) for e in bleu),
+        *(
+            row("runs", split, e, "train_seconds", 100 + i, run=f"pe={e}")
+            for i, e in enumerate(bleu)
+        ),
     ]
-    out += [
-        {
-            "section": "significance",
-            "split": split,
-            "encoding": e,
-            "run": "",
-            "metric": "p_bleu",
-            "value": v,
-        }
-        for e, v in p.items()
-    ]
-    out += [
-        {
-            "section": "scores",
-            "split": split,
-            "encoding": e,
-            "run": "",
-            "metric": "bleu_n",
-            "value": seeds,
-        }
-        for e in bleu
-    ]
-    out += [
-        {
-            "section": "runs",
-            "split": split,
-            "encoding": e,
-            "run": f"pe={e}",
-            "metric": "train_seconds",
-            "value": 100 + i,
-        }
-        for i, e in enumerate(bleu)
-    ]
-    return out
 
 
 def test_it_names_the_best_encoding_and_the_significantly_worse_ones():
