@@ -4,7 +4,7 @@
 What is timed, per encoding (every ``configs/pe/*.yaml``, or a subset) and length ``L``:
 
 * **train**: one optimizer step of the training loop — forward, label-smoothed cross-entropy
-  (:func:`posenc.train.token_loss`), backward, gradient clipping and AdamW
+  (:func:`posenc.losses.token_loss`), backward, gradient clipping and AdamW
   (:func:`posenc.optim.make_optimizer`), with the settings of ``configs/trainer/default.yaml``,
   dropout as in the model config (training mode), on ``tokens // L`` pairs of ``L`` source and
   ``L`` target tokens (no padding);
@@ -54,9 +54,9 @@ import torch
 from omegaconf import OmegaConf
 
 from posenc.catalog import CONFIG_DIR, PAD_ID, build_named_model, select_encodings
+from posenc.losses import token_loss
 from posenc.model import Seq2Seq, count_parameters
 from posenc.optim import make_optimizer
-from posenc.train import token_loss
 
 log = logging.getLogger("posenc.bench")
 

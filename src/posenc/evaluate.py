@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from posenc import checkpoint
 from posenc.attention_maps import example_attention, plot_attention
 from posenc.data import Corpus, TokenBatcher, collate, eval_splits, load_corpora
 from posenc.files import read_json, write_json
+from posenc.losses import sentence_losses
 from posenc.metrics import BertScore, bleu_chrf
 from posenc.model import Seq2Seq
 from posenc.tblog import RunLogger
@@ -73,43 +73,6 @@ def translate(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return outputs, time.perf_counter() - started
-
-
-@torch.no_grad()
-def sentence_losses(
-    model: Seq2Seq,
-    tokenizer: Tokenizer,
-    sources: list[list[int]],
-    targets: list[list[int]],
-    batch_tokens: int,
-    device: torch.device,
-) -> tuple[list[float], list[int]]:
-    """Summed teacher-forced NLL and target token count (EOS included) of every pair."""
-    model.eval()
-    batcher = TokenBatcher(
-        [len(s) for s in sources], [len(t) for t in targets], batch_tokens, shuffle=False
-    )
-    nll = [0.0] * len(sources)
-    count = [0] * len(sources)
-    for indices in batcher.batches(0):
-        src, tgt_in, tgt_out = (
-            t.to(device)
-            for t in collate(
-                [sources[i] for i in indices],
-                [targets[i] for i in indices],
-                tokenizer.pad_id,
-                tokenizer.bos_id,
-                tokenizer.eos_id,
-            )
-        )
-        logits = model(src, tgt_in).float()
-        token_nll = F.cross_entropy(
-            logits.transpose(1, 2), tgt_out, ignore_index=tokenizer.pad_id, reduction="none"
-        )
-        for row, i in enumerate(indices):
-            nll[i] = float(token_nll[row].sum())
-            count[i] = int(tgt_out[row].ne(tokenizer.pad_id).sum())
-    return nll, count
 
 
 def length_buckets(

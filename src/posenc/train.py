@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -34,6 +33,7 @@ from posenc.data import Corpus, TokenBatcher, collate, load_corpora
 from posenc.encodings import encoding_factory
 from posenc.files import write_json
 from posenc.layers import LayerSpec
+from posenc.losses import token_loss, validation_loss
 from posenc.model import Seq2Seq, count_parameters
 from posenc.optim import lr_factor, make_optimizer
 from posenc.overrides import paste
@@ -218,45 +218,6 @@ def prepare(cfg: DictConfig, run_dir: Path) -> tuple[Tokenizer, EncodedData]:
         raise ValueError("no training pairs left after tokenisation; raise trainer.max_positions")
     valid_src, valid_tgt, _ = encode_pairs(tokenizer, corpora["valid"])
     return tokenizer, EncodedData(train_src, train_tgt, valid_src, valid_tgt)
-
-
-def token_loss(
-    model: Seq2Seq, batch: tuple[torch.Tensor, ...], pad_id: int, smoothing: float
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Summed label-smoothed loss, summed NLL and the number of target tokens of a batch."""
-    src, tgt_in, tgt_out = batch
-    logits = model(src, tgt_in).float()
-    flat_logits, flat_gold = logits.view(-1, logits.shape[-1]), tgt_out.view(-1)
-    loss = F.cross_entropy(
-        flat_logits, flat_gold, ignore_index=pad_id, label_smoothing=smoothing, reduction="sum"
-    )
-    nll = F.cross_entropy(flat_logits, flat_gold, ignore_index=pad_id, reduction="sum")
-    return loss, nll, int(tgt_out.ne(pad_id).sum())
-
-
-@torch.no_grad()
-def validation_loss(
-    model: Seq2Seq,
-    src: list[list[int]],
-    tgt: list[list[int]],
-    tokenizer: Tokenizer,
-    max_tokens: int,
-    device: torch.device,
-    amp: torch.dtype | None,
-) -> float:
-    """Token-level mean NLL (no label smoothing) over the validation pairs."""
-    was_training = model.training
-    model.eval()
-    batcher = TokenBatcher([len(s) for s in src], [len(t) for t in tgt], max_tokens, shuffle=False)
-    total, count = 0.0, 0
-    for indices in batcher.batches(0):
-        batch = _to_device(_collate(indices, src, tgt, tokenizer), device)
-        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            _, nll, n = token_loss(model, batch, tokenizer.pad_id, 0.0)
-        total += float(nll)
-        count += n
-    model.train(was_training)
-    return total / max(count, 1)
 
 
 def _collate(indices, src, tgt, tokenizer: Tokenizer):
