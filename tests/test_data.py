@@ -366,6 +366,17 @@ def test_wmt14_streams_a_cleaned_training_subset(monkeypatch):
         s.replace("fr", "en") == t
         for s, t in zip(corpora["test"].src, corpora["test"].tgt, strict=True)
     )
+    calls.clear()  # evaluation: the same held-out splits, and the training stream is not opened
+    held_out = load_corpora(data_config("wmt14", train_size=20, valid_size=5), with_train=False)
+    assert sorted(held_out) == ["test", "valid"] and {c[2] for c in calls} == {"validation", "test"}
+    assert held_out["valid"].src == corpora["valid"].src
+
+
+def test_evaluation_gets_the_same_held_out_splits_without_the_training_split(local_dir):
+    cfg = local_config(local_dir, holdout={"inside": {"stem": "corpus/train", "size": 5}})
+    full, held_out = load_corpora(cfg), load_corpora(cfg, with_train=False)
+    assert sorted(held_out) == ["inside", "test", "valid"]
+    assert all(held_out[name].src == full[name].src for name in held_out)
 
 
 # --- cleaning --------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ class Corpus:
 # --------------------------------------------------------------------------------------------
 
 
-def load_corpora(cfg: Mapping) -> dict[str, Corpus]:
+def load_corpora(cfg: Mapping, with_train: bool = True) -> dict[str, Corpus]:
     """All splits described by the ``data`` config node (a DictConfig or a plain dict).
 
     Returns splits by name: ``train``, ``valid``, ``test``, plus one per extra test set (key =
@@ -74,10 +74,12 @@ def load_corpora(cfg: Mapping) -> dict[str, Corpus]:
     node has one, shuffled with ``cfg.seed`` and cut to ``cfg.train_size`` (a seeded random
     sample) when set. Held-out splits only lose pairs with an empty side (counted and logged);
     ``valid`` is a seeded random subset of ``cfg.valid_size`` pairs when set (original order
-    kept), used for the validation loss during training.
+    kept), used for the validation loss during training. ``with_train=False`` (evaluation)
+    returns the held-out splits only, the same ones, without streaming, cleaning or shuffling
+    the training data (local held-out sets are still cut out of the training files).
     """
     cfg = plain_config(cfg)
-    loaders: dict[str, Callable[[dict], dict[str, Corpus]]] = {
+    loaders: dict[str, Callable[[dict, bool], dict[str, Corpus]]] = {
         "toy": _load_toy,
         "local": _load_local,
         "wmt14": _load_wmt14,
@@ -85,7 +87,10 @@ def load_corpora(cfg: Mapping) -> dict[str, Corpus]:
     kind = cfg.get("kind")
     if kind not in loaders:
         raise DataError(f"unknown data.kind {kind!r}; use one of {', '.join(loaders)}")
-    return _prepare(loaders[kind](cfg), cfg)
+    splits = loaders[kind](cfg, with_train)
+    if not with_train:
+        splits.pop("train", None)
+    return _prepare(splits, cfg)
 
 
 def eval_splits(requested: Sequence[str], corpora: Mapping[str, Corpus]) -> list[str]:
@@ -130,9 +135,23 @@ def _require(cfg: Mapping, key: str) -> Any:
 
 
 def _prepare(splits: dict[str, Corpus], cfg: dict) -> dict[str, Corpus]:
-    """Clean, shuffle and cut the training split; drop empty pairs of held-out splits."""
+    """Clean, shuffle and cut the training split (when there is one); drop empty pairs of
+    held-out splits."""
     seed = int(cfg.get("seed", 0))
-    train = splits["train"]
+    out = {"train": _prepare_train(splits["train"], cfg, seed)} if "train" in splits else {}
+    for name, corpus in splits.items():
+        if name != "train":
+            out[name] = _drop_empty(corpus)
+    if cfg.get("valid_size") is not None and len(out["valid"]) > int(cfg["valid_size"]):
+        keep = random.Random(seed).sample(range(len(out["valid"])), int(cfg["valid_size"]))
+        out["valid"] = out["valid"].subset(sorted(keep))
+    log.info("splits: %s", ", ".join(f"{name} {len(c)}" for name, c in out.items()))
+    return out
+
+
+def _prepare_train(train: Corpus, cfg: dict, seed: int) -> Corpus:
+    """The training split cleaned with ``cfg.clean``, shuffled with ``seed`` and cut to
+    ``cfg.train_size``."""
     clean = cfg.get("clean")
     if clean:
         if set(clean) != set(CLEAN_SETTINGS):
@@ -158,15 +177,7 @@ def _prepare(splits: dict[str, Corpus], cfg: dict) -> dict[str, Corpus]:
     random.Random(seed).shuffle(order)
     if cfg.get("train_size") is not None:
         order = order[: int(cfg["train_size"])]
-    out = {"train": train.subset(order)}
-    for name, corpus in splits.items():
-        if name != "train":
-            out[name] = _drop_empty(corpus)
-    if cfg.get("valid_size") is not None and len(out["valid"]) > int(cfg["valid_size"]):
-        keep = random.Random(seed).sample(range(len(out["valid"])), int(cfg["valid_size"]))
-        out["valid"] = out["valid"].subset(sorted(keep))
-    log.info("splits: %s", ", ".join(f"{name} {len(c)}" for name, c in out.items()))
-    return out
+    return train.subset(order)
 
 
 def _drop_empty(corpus: Corpus) -> Corpus:
@@ -253,8 +264,9 @@ def read_pair(directory: Path, stem: str, src_lang: str, tgt_lang: str, name: st
     return Corpus(name, src, tgt)
 
 
-def _load_local(cfg: dict) -> dict[str, Corpus]:
-    """Splits from ``dir/STEM.{src_lang,tgt_lang}`` files (see ``configs/data/local.yaml``)."""
+def _load_local(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
+    """Splits from ``dir/STEM.{src_lang,tgt_lang}`` files (see ``configs/data/local.yaml``).
+    The training files are read even without ``with_train``: held-out sets are cut out of them."""
     directory = resolve_path(_require(cfg, "dir"))
     if not directory.is_dir():
         raise DataError(
@@ -365,7 +377,7 @@ def hub_unreachable(err: BaseException) -> bool:
     return False
 
 
-def _load_wmt14(cfg: dict) -> dict[str, Corpus]:
+def _load_wmt14(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
     """WMT14 through ``datasets`` with streaming (see ``configs/data/wmt14.yaml``)."""
     import datasets
 
@@ -394,8 +406,9 @@ def _load_wmt14(cfg: dict) -> dict[str, Corpus]:
         return Corpus(name, src, tgt)
 
     try:
+        train = {"train": fetch("train", "train", train_size)} if with_train else {}
         return {
-            "train": fetch("train", "train", train_size),
+            **train,
             "valid": fetch("validation", "valid", None),
             "test": fetch("test", "test", None),
         }
@@ -431,11 +444,12 @@ def _toy_target(symbols: list[str], task: str, shift: int) -> list[str]:
     return symbols[k:] + symbols[:k]
 
 
-def _load_toy(cfg: dict) -> dict[str, Corpus]:
+def _load_toy(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
     """Seeded symbol sequences and their reversal/rotation (see ``configs/data/toy.yaml``).
 
     Held-out sets are drawn first; training sequences equal to a held-out source are redrawn,
-    so every held-out source is unseen in training.
+    so every held-out source is unseen in training (drawing them is cheap, so ``with_train``
+    changes nothing here).
     """
     task = cfg.get("task")
     if task not in TOY_TASKS:

@@ -243,7 +243,7 @@ def evaluate(
     if own:
         archive_evaluation(run_dir, step)
     out_dir.mkdir(parents=True, exist_ok=True)
-    corpora = load_corpora(cfg.data)
+    corpora = load_corpora(cfg.data, with_train=False)
     splits = eval_splits(cfg.eval.splits, corpora)
     bertscore = BertScore(
         cfg.eval.bertscore.model, cfg.eval.bertscore.layer, cfg.eval.bertscore.batch_size
