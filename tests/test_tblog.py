@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from posenc.tblog import RunLogger
+from posenc.tblog import RunLogger, truncate_events
 
 
 def steps_as_read(log_dir: Path, tag: str = "train/loss") -> list[int]:
@@ -50,3 +50,23 @@ def test_time_tags_keep_one_point_per_training_second_across_a_resume(tmp_path):
         resumed.against_time("train_loss", 1.0, seconds)
     resumed.close()
     assert steps_as_read(tmp_path, "time/train_loss") == [0, 1, 2, 3, 4]
+
+
+def test_event_files_with_nothing_to_drop_are_only_read(tmp_path):
+    log_steps(RunLogger(tmp_path), range(1, 6))
+    (first,) = tmp_path.glob("events.out.tfevents.*")
+    before = first.stat()
+    assert truncate_events(tmp_path, max_step=10, max_seconds=10) == 0
+    after = first.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_a_record_cut_short_by_a_kill_is_removed(tmp_path):
+    log_steps(RunLogger(tmp_path), range(1, 6))
+    (first,) = tmp_path.glob("events.out.tfevents.*")
+    whole = first.stat().st_size
+    with open(first, "ab") as handle:
+        handle.write(b"\x2a\x00\x00\x00\x00\x00\x00\x00\x01\x02")  # a record's first bytes
+    assert truncate_events(tmp_path, max_step=10, max_seconds=10) == 0
+    assert first.stat().st_size == whole
+    assert steps_as_read(tmp_path) == list(range(1, 6))

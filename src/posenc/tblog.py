@@ -19,22 +19,25 @@ from torch.utils.tensorboard.summary import hparams
 from posenc.files import replacing
 
 TIME_PREFIX = "time/"
+RECORD_OVERHEAD = 16  # bytes of a TFRecord around its data: length, its CRC, the data's CRC
 
 
 def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
     """Drop events logged after ``max_step`` (step tags) or ``max_seconds`` (``time/`` tags).
 
-    Every event file in ``log_dir`` is rewritten to a temporary file and renamed over the
-    original (a truncation killed half-way leaves a temporary file, deleted here the next time).
-    A record cut short by a kill ends its file's events. Returns how many scalar events were
-    dropped.
+    An event file with something to drop, or with a record cut short by a kill at its end, is
+    rewritten to a temporary file and renamed over the original (a truncation killed half-way
+    leaves a temporary file, deleted here the next time); the others are only read. Returns how
+    many scalar events were dropped.
     """
     for stale in log_dir.glob(".events.out.tfevents.*.tmp"):
         stale.unlink(missing_ok=True)
     dropped = 0
     for path in sorted(log_dir.glob("events.out.tfevents.*")):
         kept: list[bytes] = []
+        complete = 0  # bytes of the whole records read
         for raw in RawEventFileLoader(str(path)).Load():
+            complete += len(raw) + RECORD_OVERHEAD
             event = event_pb2.Event.FromString(raw)
             tags = [v.tag for v in event.summary.value]
             limit = max_seconds if tags and tags[0].startswith(TIME_PREFIX) else max_step
@@ -42,6 +45,8 @@ def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
                 dropped += 1
                 continue
             kept.append(raw)
+        if sum(len(raw) + RECORD_OVERHEAD for raw in kept) == path.stat().st_size == complete:
+            continue  # nothing to drop, no partial record: leave the file alone
         with replacing(path, "wb") as handle:
             writer = RecordWriter(handle)
             for raw in kept:
