@@ -10,9 +10,10 @@ every trial as ``lr: loss`` in learning-rate order.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
+
+from posenc.files import read_json
 
 LR = re.compile(r"(?:^|,)trainer\.lr=([0-9.eE+-]+)(?:,|$)")
 
@@ -22,11 +23,9 @@ def trials(search: Path) -> list[tuple[float, float]]:
     found = []
     for run in search.iterdir():
         match = LR.search(run.name)
-        summary = run / "train_summary.json"
-        if match and summary.exists():
-            loss = json.loads(summary.read_text()).get("best_valid_loss")
-            if loss is not None:
-                found.append((float(match.group(1)), float(loss)))
+        loss = (read_json(run / "train_summary.json") or {}).get("best_valid_loss")
+        if match and loss is not None:
+            found.append((float(match.group(1)), float(loss)))
     return sorted(found)
 
 

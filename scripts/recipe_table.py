@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from posenc.files import read_json
 from posenc.report import find_run_dirs, read_curves
 
 
@@ -38,8 +39,7 @@ def recipe_rows(sweep: Path, minutes: list[float]) -> list[dict]:
         curve = read_curves(run_dir / "tb").get("time")
         if curve is None:
             continue
-        summary_path = run_dir / "train_summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        summary = read_json(run_dir / "train_summary.json") or {}
         rows.append(
             {
                 "setting": run_dir.relative_to(sweep).as_posix(),

@@ -282,9 +282,9 @@ def evaluate(
     _save_attention_example(
         model, tokenizer, corpora[splits[0]], cfg, out_dir, device, step, log_to=run_dir
     )
-    summary_path = run_dir / "train_summary.json"
-    if summary_path.exists():
-        metrics["train"] = json.loads(summary_path.read_text())
+    summary = read_json(run_dir / "train_summary.json")
+    if summary is not None:
+        metrics["train"] = summary
     write_json(out_dir / "metrics.json", metrics)
     return metrics
 

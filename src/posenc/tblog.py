@@ -35,9 +35,9 @@ def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
     dropped = 0
     for path in sorted(log_dir.glob("events.out.tfevents.*")):
         kept: list[bytes] = []
-        complete = 0  # bytes of the whole records read
+        read = 0  # bytes of the whole records read
         for raw in RawEventFileLoader(str(path)).Load():
-            complete += len(raw) + RECORD_OVERHEAD
+            read += len(raw) + RECORD_OVERHEAD
             event = event_pb2.Event.FromString(raw)
             tags = [v.tag for v in event.summary.value]
             limit = max_seconds if tags and tags[0].startswith(TIME_PREFIX) else max_step
@@ -45,8 +45,8 @@ def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
                 dropped += 1
                 continue
             kept.append(raw)
-        if sum(len(raw) + RECORD_OVERHEAD for raw in kept) == path.stat().st_size == complete:
-            continue  # nothing to drop, no partial record: leave the file alone
+        if len(kept) * RECORD_OVERHEAD + sum(map(len, kept)) == read == path.stat().st_size:
+            continue  # nothing dropped, no partial record at the end: leave the file alone
         with replacing(path, "wb") as handle:
             writer = RecordWriter(handle)
             for raw in kept:
