@@ -6,7 +6,7 @@ Sweep: ``python train.py -m pe=nonepe,sinpe,rope``. Every setting is in ``config
 import hydra
 from omegaconf import DictConfig
 
-from posenc.cli import hydra_job, objective, run
+from posenc.job import hydra_job, objective, run
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

@@ -13,7 +13,7 @@ import argparse
 import re
 from pathlib import Path
 
-from posenc.files import read_json
+from posenc.runtime.files import read_json
 
 LR = re.compile(r"(?:^|,)trainer\.lr=([0-9.eE+-]+)(?:,|$)")
 

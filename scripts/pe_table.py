@@ -4,7 +4,7 @@
 import argparse
 from pathlib import Path
 
-from posenc.encodings.table import encodings_table, with_table
+from posenc.analysis.pe_table import encodings_table, with_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

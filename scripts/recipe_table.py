@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.files import read_json
-from posenc.report import find_run_dirs, read_curves
+from posenc.analysis.report import find_run_dirs, read_curves
+from posenc.runtime.files import read_json
 
 
 def loss_at(curve: tuple[np.ndarray, np.ndarray], seconds: float) -> float:

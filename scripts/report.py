@@ -1,7 +1,7 @@
 """The report of a sweep: ``python scripts/report.py SWEEP_DIR [--out DIR] [--split test]
-[--bootstrap N]`` writes report.md, PNG figures and report.csv (see ``posenc.report``)."""
+[--bootstrap N]`` writes report.md, PNG figures and report.csv (see ``posenc.analysis.report``)."""
 
-from posenc.report import main
+from posenc.analysis.report import main
 
 if __name__ == "__main__":
     main()

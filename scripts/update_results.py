@@ -9,7 +9,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from posenc.markdown import embed_report, fill_section
+from posenc.analysis.markdown import embed_report, fill_section
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = (

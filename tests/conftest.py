@@ -9,9 +9,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from posenc.encodings import encoding_factory
-from posenc.layers import LayerSpec
-from posenc.model import Seq2Seq
+from posenc.model.encodings import encoding_factory
+from posenc.model.layers import LayerSpec
+from posenc.model.seq2seq import Seq2Seq
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("POSENC_DATA", ROOT.parent / "shared" / "data"))
@@ -57,7 +57,7 @@ def compose(*overrides: str):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    import posenc.cli  # noqa: F401  (registers the config resolvers)
+    import posenc.job  # noqa: F401  (registers the config resolvers)
 
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         return hydra_compose("train", overrides=list(overrides))

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from posenc.encodings.base import AttentionCall, AttentionRule, Site
-from posenc.encodings.cope import CoPEEncoding
+from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
+from posenc.model.encodings.cope import CoPEEncoding
 
 B, H, L, D = 2, 2, 6, 4
 

@@ -21,7 +21,7 @@ import torch
 from conftest import ROOT, SMOKE, compose
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from posenc.cli import run
+from posenc.job import run
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch built without torch.distributed"

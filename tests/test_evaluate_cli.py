@@ -1,4 +1,4 @@
-"""Standalone evaluation (``python -m posenc.evaluate run_dir=RUN ...``) never replaces what
+"""Standalone evaluation (``python -m posenc.evaluation run_dir=RUN ...``) never replaces what
 training wrote; its overrides are checked like ``train.py``'s; a continued run keeps its earlier
 evaluation."""
 
@@ -10,9 +10,9 @@ import json
 import pytest
 from conftest import SMOKE, compose
 
-from posenc.cli import run
-from posenc.evaluate import main as evaluate_main
-from posenc.report import main as report_main
+from posenc.analysis.report import main as report_main
+from posenc.evaluation.standalone import main as evaluate_main
+from posenc.job import run
 
 TRAIN = (*SMOKE, "pe=rope", "trainer.max_steps=4", "trainer.valid_every=2")
 

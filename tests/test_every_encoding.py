@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import PE_NAMES, tiny_model
 
-from posenc.attention import MultiHeadAttention
-from posenc.encodings.base import AttentionCall, AttentionRule, EncodingModule
-from posenc.layers import DecoderCache, FeedForward
-from posenc.optim import parameter_groups
+from posenc.model.attention import MultiHeadAttention
+from posenc.model.encodings.base import AttentionCall, AttentionRule, EncodingModule
+from posenc.model.layers import DecoderCache, FeedForward
+from posenc.training.optim import parameter_groups
 
 ENCODER_FORM_OPTIONS = [
     (name, {"encoder_bias": form})

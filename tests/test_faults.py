@@ -21,10 +21,10 @@ from conftest import ROOT, SMOKE, compose
 from omegaconf import open_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from posenc import checkpoint
-from posenc import train as train_module
-from posenc.cli import run
-from posenc.overrides import paste
+from posenc.config import paste
+from posenc.job import run
+from posenc.runtime import checkpoint
+from posenc.training import loop as train_module
 
 OVERRIDES = (
     *SMOKE,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from posenc.files import read_json, replacing, write_json, write_text
+from posenc.runtime.files import read_json, replacing, write_json, write_text
 
 
 def test_a_write_replaces_the_whole_file_and_leaves_no_temporary(tmp_path):

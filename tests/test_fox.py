@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from posenc.encodings.base import AttentionCall, AttentionRule, Site
-from posenc.encodings.fox import ForgetGateRule, ForgettingEncoding
+from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
+from posenc.model.encodings.fox import ForgetGateRule, ForgettingEncoding
 
 
 def fox_reference(q, k, v, x, gate, call, bidirectional):

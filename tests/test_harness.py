@@ -12,9 +12,9 @@ from conftest import PE_NAMES, ROOT, SMOKE, compose
 from omegaconf import open_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from posenc import train as train_module
-from posenc.cli import run
-from posenc.metrics import bleu_chrf
+from posenc.evaluation.metrics import bleu_chrf
+from posenc.job import run
+from posenc.training import loop as train_module
 
 
 def scalar_steps(run_dir, tag):
@@ -198,7 +198,7 @@ def test_test_time_encoding_variants_are_scored_with_the_trained_weights(tmp_pat
 
 
 def test_max_source_tokens_keeps_only_short_training_sources(tmp_path):
-    from posenc.train import prepare
+    from posenc.training.loop import prepare
 
     cfg = compose(*SMOKE, "trainer.max_source_tokens=6")
     _, data = prepare(cfg, tmp_path)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from posenc.encodings.alibi import SPLIT_PENALTY
-from posenc.encodings.base import Site
-from posenc.encodings.kerple import KerpleEncoding
+from posenc.model.encodings.alibi import SPLIT_PENALTY
+from posenc.model.encodings.base import Site
+from posenc.model.encodings.kerple import KerpleEncoding
 
 
 def _reference_bias(pairs, q_pos, k_pos, form: str) -> torch.Tensor:

@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from posenc.data import collate
-from posenc.losses import sentence_losses, token_loss, validation_loss
+from posenc.data.batching import collate
+from posenc.training.losses import sentence_losses, token_loss, validation_loss
 
 SPECIALS = SimpleNamespace(pad_id=0, bos_id=1, eos_id=2)
 

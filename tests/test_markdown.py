@@ -2,7 +2,7 @@
 
 import pytest
 
-from posenc.markdown import embed_report, fill_section
+from posenc.analysis.markdown import embed_report, fill_section
 
 
 def test_a_section_is_replaced_between_its_markers_and_nothing_else_changes():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from posenc.reading import reading, split_reading
+from posenc.analysis.reading import reading, split_reading
 
 
 def row(section: str, split: str, encoding: str, metric: str, value, run: str = "") -> dict:

@@ -2,7 +2,7 @@
 
 from conftest import ROOT
 
-from posenc.encodings.table import encodings_table, with_table
+from posenc.analysis.pe_table import encodings_table, with_table
 
 
 def test_the_readme_encodings_table_matches_the_code():

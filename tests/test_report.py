@@ -1,5 +1,5 @@
 """The sweep report, specified on a real smoke sweep: two encodings (nonepe with seeds 0 and 1,
-rope with seed 0) trained and scored by ``posenc.cli.run``, a run that failed, and an unfinished
+rope with seed 0) trained and scored by ``posenc.job.run``, a run that failed, and an unfinished
 one (its config and the first points of its curve only)."""
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ import torch
 from conftest import SMOKE, compose
 from omegaconf import OmegaConf
 
-from posenc.cli import run
-from posenc.metrics import bleu_chrf
-from posenc.report import (
+from posenc.analysis.report import (
     SECTIONS,
     aggregate_curves,
     bucket_position,
@@ -27,7 +25,9 @@ from posenc.report import (
     mean_std,
     slug,
 )
-from posenc.tblog import RunLogger
+from posenc.evaluation.metrics import bleu_chrf
+from posenc.job import run
+from posenc.runtime.tblog import RunLogger
 
 SHORT = (
     *SMOKE,
@@ -264,7 +264,7 @@ def test_helpers():
 
 
 def test_the_demo_prints_the_focus_split_score_table():
-    from posenc.report import scores_summary
+    from posenc.analysis.report import scores_summary
 
     md = (
         "## 3. Scores\nintro\n### test\n\nsystem | BLEU\n--- | ---\nrope | 1.5\n\n"

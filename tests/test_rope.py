@@ -12,9 +12,9 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-import posenc.encodings.rotary as rotary
-from posenc.encodings.base import AttentionRule, Site
-from posenc.encodings.rotary import RotaryEncoding, RotaryRule
+import posenc.model.encodings.rotary as rotary
+from posenc.model.encodings.base import AttentionRule, Site
+from posenc.model.encodings.rotary import RotaryEncoding, RotaryRule
 
 
 def make_rope(head_dim: int = 8, n_heads: int = 2, **params) -> RotaryEncoding:

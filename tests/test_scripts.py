@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import PE_NAMES, ROOT
 
-from posenc import bench, plot_pe
-from posenc.catalog import build_named_model, encoding_names, select_encodings
+from posenc.analysis import bench, plot_pe
+from posenc.model.factory import build_named_model, encoding_names, select_encodings
 
 PLOTTED = [name for name in ("nonepe", "sinpe", "alibi", "rope") if name in PE_NAMES]
 
@@ -141,7 +141,7 @@ def test_plotted_arrays(name):
 
 
 def test_recipe_table_reads_loss_at_fixed_minutes_and_ranks_at_the_shared_horizon(tmp_path):
-    from posenc.tblog import RunLogger
+    from posenc.runtime.tblog import RunLogger
 
     def fake_run(name: str, curve: dict[int, float]) -> None:
         run = tmp_path / name

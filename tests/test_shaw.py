@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import pe_config, tiny_model
 
-from posenc.encodings import encoding_factory
-from posenc.encodings.base import AttentionCall, AttentionRule, Site
-from posenc.encodings.shaw import ShawEncoding, ShawRule, relative_index
+from posenc.model.encodings import encoding_factory
+from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
+from posenc.model.encodings.shaw import ShawEncoding, ShawRule, relative_index
 
 
 def shaw_reference(q, k, v, key_table, value_table, clip, call):

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from posenc.encodings.base import AttentionCall, AttentionRule, Site
-from posenc.encodings.stickbreaking import StickBreakingEncoding
+from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
+from posenc.model.encodings.stickbreaking import StickBreakingEncoding
 
 B, H, L, D = 2, 2, 7, 4
 

@@ -14,7 +14,7 @@ from conftest import ROOT, SMOKE, compose
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
-import posenc.cli as cli
+import posenc.job as cli
 
 
 def launcher(name: str):

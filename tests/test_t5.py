@@ -7,8 +7,8 @@ import torch
 from conftest import tiny_model
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from posenc.encodings.base import Site
-from posenc.encodings.t5 import T5Encoding, relative_position_bucket
+from posenc.model.encodings.base import Site
+from posenc.model.encodings.t5 import T5Encoding, relative_position_bucket
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from posenc.tblog import RunLogger, truncate_events
+from posenc.runtime.tblog import RunLogger, truncate_events
 
 
 def steps_as_read(log_dir: Path, tag: str = "train/loss") -> list[int]:

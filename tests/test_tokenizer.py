@@ -12,9 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-import posenc.tokenizer as tokenizer_module
-from posenc.data import Corpus, DataError, load_corpora, toy_word
-from posenc.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
+import posenc.data.tokenizer as tokenizer_module
+from posenc.data.corpora import load_corpora
+from posenc.data.corpus import Corpus, DataError
+from posenc.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
+from posenc.data.toy import toy_word
 
 ROOT = Path(__file__).resolve().parents[1]
 MBERT_VOCAB = SHARED_DATA / "vocab" / "bert-base-multilingual-cased-vocab.txt"

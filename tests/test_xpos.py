@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import pe_config, tiny_model
 
-from posenc.encodings.base import AttentionRule, Site
-from posenc.encodings.rotary import RotaryEncoding, RotaryRule, XPosEncoding
+from posenc.model.encodings.base import AttentionRule, Site
+from posenc.model.encodings.rotary import RotaryEncoding, RotaryRule, XPosEncoding
 
 HEAD_DIM = 8
 

@@ -1,0 +1,1 @@
+"""Reading results: the sweep report, the benchmark, encoding plots and tables."""

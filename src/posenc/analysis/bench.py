@@ -1,0 +1,493 @@
+"""Speed of every positional encoding: a training step and cached greedy decoding, as ratios to
+``nonepe`` measured in the same run (``scripts/bench.py``).
+
+What is timed, per encoding (every ``configs/pe/*.yaml``, or a subset) and length ``L``:
+
+* **train**: one optimizer step of the training loop — forward, label-smoothed cross-entropy
+  (:func:`posenc.training.losses.token_loss`), backward, gradient clipping and AdamW
+  (:func:`posenc.training.optim.make_optimizer`), with the settings of
+  ``configs/trainer/default.yaml``,
+  dropout as in the model config (training mode), on ``tokens // L`` pairs of ``L`` source and
+  ``L`` target tokens (no padding);
+* **decode**: :meth:`Seq2Seq.generate` (encoder pass + key/value-cached greedy decoding) of a
+  batch of ``decode_batch`` sources of ``L`` tokens, producing exactly ``L`` tokens per row.
+
+Fairness on a noisy machine (timings vary about ±15% from run to run):
+
+* every encoding gets the same model config, seed, and the same random batches at a length;
+* decoding never stops early: EOS is set to an id the model cannot produce (``-1``) for the
+  call, so every encoding runs exactly ``L`` decoder steps (checked during warm-up), whatever
+  its untrained model predicts;
+* encodings are interleaved: each repetition measures every encoding once, in an order rotated
+  by one each repetition, so slow drifts of the machine's load hit all of them alike;
+* each (encoding, length) is warmed up before timing (allocations, AdamW state, caches);
+* garbage collection runs before, and is disabled during, each timed call;
+* reports give medians over repetitions, the ratio of medians to ``nonepe`` (always measured
+  as the reference), and the median of per-repetition ratios (paired, more robust to drift).
+
+Memory (Linux only, after the timing so that it cannot disturb it): glibc is told to serve
+every allocation above 64 KiB with its own mapping, which is returned to the OS when freed;
+the resident set then tracks live tensors, and the peak resident set during one training step
+(``/proc/self/clear_refs`` resets it) minus the resident set before it is the step's extra
+memory (activations, gradients, temporaries) above the model and optimizer state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from posenc.config import CONFIG_DIR
+from posenc.model.factory import PAD_ID, build_named_model, select_encodings
+from posenc.model.seq2seq import Seq2Seq, count_parameters
+from posenc.training.losses import token_loss
+from posenc.training.optim import make_optimizer
+
+log = logging.getLogger("posenc.analysis.bench")
+
+REFERENCE = "nonepe"
+KINDS = {
+    "train": "Training step (forward + backward + AdamW)",
+    "decode": "Cached greedy decoding",
+}
+TARGET_LENGTH = 128
+TARGETS = {
+    **dict.fromkeys(["sinpe", "learned", "rope", "xpos", "alibi"], 1.10),
+    **dict.fromkeys(["rpe", "t5", "kerple", "fox"], 1.35),
+    **dict.fromkeys(["cope", "sba"], 2.0),
+}
+"""Training-step time at length :data:`TARGET_LENGTH` as a ratio to ``nonepe``, at most."""
+
+_M_MMAP_THRESHOLD = -3
+_M_TRIM_THRESHOLD = -1
+
+
+@dataclass
+class BenchSettings:
+    """What the benchmark measures; every field is recorded in the JSON output."""
+
+    encodings: list[str]
+    lengths: list[int] = field(default_factory=lambda: [64, 128, 256])
+    tokens: int = 4096
+    repeats: int = 5
+    warmup: int = 1
+    decode_batch: int = 8
+    model: str = "small"
+    vocab_size: int = 8000
+    seed: int = 0
+    memory: bool = True
+
+    def __post_init__(self) -> None:
+        if REFERENCE not in self.encodings:
+            self.encodings = [REFERENCE, *self.encodings]
+        if min(self.lengths) < 1 or self.tokens < 1 or self.repeats < 1 or self.warmup < 0:
+            raise ValueError("lengths, tokens and repeats must be positive and warmup >= 0")
+        if self.decode_batch < 1:
+            raise ValueError(f"decode_batch={self.decode_batch} must be positive")
+
+
+@dataclass
+class Workload:
+    """One encoding's model and optimizer, built once and reused at every length."""
+
+    model: Seq2Seq
+    optimizer: torch.optim.Optimizer
+    smoothing: float
+    clip_norm: float
+
+    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """One optimizer step on ``batch = (src, tgt_in, tgt_out)``, as the training loop does."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, _, n_tokens = token_loss(self.model, batch, PAD_ID, self.smoothing)
+        (loss / n_tokens).backward()
+        if self.clip_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+        self.optimizer.step()
+
+    def decode(self, src: torch.Tensor, length: int) -> None:
+        """Greedy decoding of ``src (B, Ls)``, exactly ``length`` decoder steps per call."""
+        with never_eos(self.model):
+            self.model.generate(src, max_len_a=0.0, max_len_b=length)
+
+
+@contextmanager
+def never_eos(model: Seq2Seq) -> Iterator[None]:
+    """For the duration, the model's EOS id is ``-1``, which argmax never returns: no row ends
+    early, and generation runs until its length limit (where it writes the ``-1`` and stops)."""
+    eos = model.eos_id
+    model.eos_id = -1
+    try:
+        yield
+    finally:
+        model.eos_id = eos
+
+
+def build_workload(name: str, settings: BenchSettings) -> Workload:
+    """Model (seeded) and AdamW of encoding ``name`` with the default trainer settings."""
+    trainer = OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml")
+    model = build_named_model(name, settings.model, settings.vocab_size, settings.seed)
+    optimizer = make_optimizer(model, trainer.lr, trainer.betas, trainer.weight_decay)
+    return Workload(model, optimizer, trainer.label_smoothing, trainer.clip_norm)
+
+
+def random_tokens(shape: tuple[int, int], vocab_size: int, seed: int) -> torch.Tensor:
+    """Token ids of ``shape`` drawn uniformly from the non-special ids ``3 .. vocab_size - 1``."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, shape, generator=generator)
+
+
+def training_batch(
+    batch_size: int, length: int, settings: BenchSettings
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(src, tgt_in, tgt_out)``, each ``(batch_size, length)``, the same for every encoding."""
+    src = random_tokens((batch_size, length), settings.vocab_size, settings.seed)
+    tgt = random_tokens((batch_size, length + 1), settings.vocab_size, settings.seed + 1)
+    return src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
+
+
+def timed(fn: Callable[[], None]) -> float:
+    """Wall-clock seconds of ``fn()``, garbage collected before and paused during the call."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def count_decoder_calls(work: Workload, src: torch.Tensor, length: int) -> int:
+    """How many decoder passes one :meth:`Workload.decode` makes (the fairness check)."""
+    calls = 0
+
+    def hook(module: torch.nn.Module, args: Any) -> None:
+        nonlocal calls
+        calls += 1
+
+    handle = work.model.decoder.register_forward_pre_hook(hook)
+    try:
+        work.decode(src, length)
+    finally:
+        handle.remove()
+    return calls
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, threads, versions and load: what the figures depend on."""
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cpus_available": len(affinity) if affinity is not None else os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def run_timing(
+    settings: BenchSettings,
+) -> tuple[dict[str, Workload], dict[str, dict[str, dict[str, list[float]]]], dict[str, str]]:
+    """Build every encoding and time it at every length, interleaved.
+
+    Returns the workloads, the raw samples ``{kind: {encoding: {length: [seconds]}}}`` and the
+    errors of encodings that failed (they are left out from then on).
+    """
+    workloads: dict[str, Workload] = {}
+    errors: dict[str, str] = {}
+    for name in settings.encodings:
+        try:
+            workloads[name] = build_workload(name, settings)
+        except Exception as err:  # one broken encoding must not stop the others
+            errors[name] = f"build: {type(err).__name__}: {err}"
+            log.warning("pe=%s cannot be built: %s", name, err)
+    samples: dict[str, dict[str, dict[str, list[float]]]] = {
+        kind: {name: {} for name in workloads} for kind in KINDS
+    }
+    for length in settings.lengths:
+        batch_size = max(1, settings.tokens // length)
+        batch = training_batch(batch_size, length, settings)
+        sources = random_tokens(
+            (settings.decode_batch, length), settings.vocab_size, settings.seed + 2
+        )
+        log.info("L=%d: batch %d x %d tokens, warm-up", length, batch_size, length)
+        for name in list(workloads):
+            work = workloads[name]
+            try:
+                for _ in range(settings.warmup):
+                    work.train_step(batch)
+                    work.decode(sources, length)
+                steps = count_decoder_calls(work, sources, length)
+                if steps != length:
+                    raise RuntimeError(f"decoding ran {steps} decoder steps, expected {length}")
+            except Exception as err:  # idem: report it and go on
+                errors[name] = f"L={length}: {type(err).__name__}: {err}"
+                log.warning("pe=%s fails at L=%d: %s", name, length, err)
+                del workloads[name]
+                continue
+            for kind in KINDS:
+                samples[kind][name][str(length)] = []
+        names = list(workloads)
+        for rep in range(settings.repeats):
+            shift = rep % len(names) if names else 0
+            for name in names[shift:] + names[:shift]:
+                work = workloads[name]
+                samples["train"][name][str(length)].append(timed(partial(work.train_step, batch)))
+                samples["decode"][name][str(length)].append(
+                    timed(partial(work.decode, sources, length))
+                )
+            log.info("L=%d: repetition %d/%d done", length, rep + 1, settings.repeats)
+    return workloads, samples, errors
+
+
+def _proc_status_kib(key: str) -> int | None:
+    """A ``/proc/self/status`` field in KiB (``VmRSS``, ``VmHWM``), or None off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak resident set (Linux >= 4.0); False where impossible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def _map_large_allocations() -> bool:
+    """Ask glibc to map every allocation above 64 KiB on its own and to return it when freed,
+    so that the resident set follows live memory. False when glibc is not there."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, 64 * 1024)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 * 1024)
+    )
+
+
+def run_memory(
+    settings: BenchSettings, workloads: dict[str, Workload]
+) -> dict[str, dict[str, float]] | None:
+    """Extra resident memory (MB) of one training step per encoding and length, or None where
+    the peak resident set cannot be measured (see the module docstring)."""
+    if _proc_status_kib("VmHWM") is None or not _map_large_allocations():
+        return None
+    memory: dict[str, dict[str, float]] = {name: {} for name in workloads}
+    for length in settings.lengths:
+        batch_size = max(1, settings.tokens // length)
+        batch = training_batch(batch_size, length, settings)
+        for name, work in workloads.items():
+            gc.collect()
+            before = _proc_status_kib("VmRSS")
+            if before is None or not _reset_peak_rss():
+                return None
+            work.train_step(batch)
+            peak = _proc_status_kib("VmHWM")
+            if peak is None:
+                return None
+            memory[name][str(length)] = round(max(0, peak - before) / 1024, 1)
+    return memory
+
+
+def summarise(
+    samples: dict[str, dict[str, dict[str, list[float]]]],
+) -> dict[str, dict[str, dict[str, dict[str, float | None]]]]:
+    """Medians and ratios to ``nonepe``: ``{kind: {encoding: {length: figures}}}``.
+
+    ``ratio`` is the median over the median of ``nonepe``; ``ratio_paired`` the median over
+    repetitions of each repetition's ratio (both ran in the same round).
+    """
+    summary: dict[str, dict[str, dict[str, dict[str, float | None]]]] = {}
+    for kind, per_encoding in samples.items():
+        reference = per_encoding.get(REFERENCE, {})
+        summary[kind] = {}
+        for name, per_length in per_encoding.items():
+            summary[kind][name] = {}
+            for length, times in per_length.items():
+                if not times:
+                    continue
+                median = statistics.median(times)
+                ref = reference.get(length)
+                ratio = paired = None
+                if ref:
+                    ratio = median / statistics.median(ref)
+                    paired = statistics.median(t / r for t, r in zip(times, ref, strict=False))
+                summary[kind][name][length] = {
+                    "median_s": median,
+                    "ratio": ratio,
+                    "ratio_paired": paired,
+                }
+    return summary
+
+
+def target_verdict(name: str, summary: dict[str, Any]) -> tuple[float | None, str]:
+    """``(target, 'pass'|'miss'|'-')`` of the training step at :data:`TARGET_LENGTH`."""
+    target = TARGETS.get(name)
+    figures = summary.get("train", {}).get(name, {}).get(str(TARGET_LENGTH))
+    if target is None or figures is None or figures["ratio"] is None:
+        return target, "-"
+    return target, "pass" if figures["ratio"] <= target else "miss"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The report's tables: milliseconds and ratio to ``nonepe`` per encoding and length."""
+    settings, machine, summary = result["settings"], result["machine"], result["summary"]
+    lengths = [str(length) for length in settings["lengths"]]
+    n_params = f"{result['parameters'][REFERENCE]:,}" if REFERENCE in result["parameters"] else "?"
+    lines = [
+        "# Speed of the positional encodings",
+        "",
+        f"Model `{settings['model']}` ({n_params} parameters with nonepe), vocabulary "
+        f"{settings['vocab_size']}, {settings['tokens']} tokens per side per training batch, "
+        f"decoding {settings['decode_batch']} sources of L tokens into L tokens. "
+        f"Medians of {settings['repeats']} interleaved repetitions after {settings['warmup']} "
+        f"warm-up; torch {machine['torch']}, {machine['torch_threads']} threads, "
+        f"{machine['cpus_available']} CPUs; load average at start {machine['load_average']}.",
+        "Each cell: milliseconds (ratio to nonepe measured in the same run).",
+    ]
+    for kind, title in KINDS.items():
+        per_encoding = summary.get(kind, {})
+        header = ["pe", *(f"L={length}" for length in lengths)]
+        if kind == "train":
+            header += [f"target @{TARGET_LENGTH}", "verdict"]
+        lines += ["", f"## {title}", "", "| " + " | ".join(header) + " |"]
+        lines.append("|" + "---|" * len(header))
+        for name, per_length in per_encoding.items():
+            cells = [name]
+            for length in lengths:
+                figures = per_length.get(length)
+                if figures is None:
+                    cells.append("-")
+                    continue
+                ratio = figures["ratio"]
+                ratio_text = f" ({ratio:.2f})" if ratio is not None else ""
+                cells.append(f"{1000 * figures['median_s']:.1f}{ratio_text}")
+            if kind == "train":
+                target, verdict = target_verdict(name, summary)
+                cells += ["-" if target is None else f"<= {target:.2f}", verdict]
+            lines.append("| " + " | ".join(cells) + " |")
+    memory = result["memory_mb"]
+    if memory:
+        lines += ["", "## Extra resident memory of one training step (MB)", ""]
+        lines.append("| pe | " + " | ".join(f"L={length}" for length in lengths) + " |")
+        lines.append("|" + "---|" * (len(lengths) + 1))
+        for name, per_length in memory.items():
+            cells = [str(per_length.get(length, "-")) for length in lengths]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if result["errors"]:
+        lines += ["", "## Failed", ""]
+        lines += [f"- {name}: {error}" for name, error in result["errors"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def run(settings: BenchSettings) -> dict[str, Any]:
+    """Run the benchmark; the result holds machine, settings, raw samples, summary, memory."""
+    machine = machine_info()
+    workloads, samples, errors = run_timing(settings)
+    memory = run_memory(settings, workloads) if settings.memory else None
+    machine["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    return {
+        "machine": machine,
+        "settings": asdict(settings),
+        "parameters": {name: count_parameters(work.model) for name, work in workloads.items()},
+        "targets": {"length": TARGET_LENGTH, "kind": "train", "max_ratio": TARGETS},
+        "samples_s": samples,
+        "summary": summarise(samples),
+        "memory_mb": memory,
+        "errors": errors,
+    }
+
+
+def _int_list(text: str) -> list[int]:
+    """``"64,128"`` -> ``[64, 128]``."""
+    return [int(item) for item in text.split(",") if item.strip()]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line of ``scripts/bench.py``."""
+    parser = argparse.ArgumentParser(
+        description="Time a training step and cached greedy decoding for every encoding "
+        "(configs/pe/*.yaml) and report ratios to nonepe measured in the same run."
+    )
+    parser.add_argument("--pe", default=None, help="comma-separated subset (default: all)")
+    parser.add_argument("--lengths", type=_int_list, default=None, help="default 64,128,256")
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens per side per batch")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds per length")
+    parser.add_argument("--decode-batch", type=int, default=8, help="sources decoded at once")
+    parser.add_argument("--model", default="small", help="configs/model/NAME.yaml")
+    parser.add_argument("--vocab", type=int, default=8000, help="vocabulary size")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
+    parser.add_argument(
+        "--quick", action="store_true", help="a check that it works: L=64, one repetition"
+    )
+    parser.add_argument("--out", type=Path, default=Path("outputs/bench/bench.json"))
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark, print the markdown tables, write ``--out`` and the ``.md`` beside it."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lengths = args.lengths or ([64] if args.quick else [64, 128, 256])
+    repeats = args.repeats or (1 if args.quick else 5)
+    try:
+        settings = BenchSettings(
+            encodings=select_encodings(args.pe),
+            lengths=lengths,
+            tokens=args.tokens,
+            repeats=repeats,
+            warmup=args.warmup,
+            decode_batch=args.decode_batch,
+            model=args.model,
+            vocab_size=args.vocab,
+            seed=args.seed,
+            memory=not args.no_memory,
+        )
+    except ValueError as err:
+        print(f"bench: {err}", file=sys.stderr)
+        return 2
+    result = run(settings)
+    report = markdown(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(report)
+    print(report)
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}", file=sys.stderr)
+    return 0

@@ -1,0 +1,1 @@
+"""Sentence pairs in: corpora, cleaning and held-out sets, tokenizers, token-bucketed batches."""

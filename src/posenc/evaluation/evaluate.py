@@ -1,0 +1,215 @@
+"""Decode test sets with batched greedy search and score them.
+
+Writes, per split, ``hypotheses.<split>.txt`` and ``references.<split>.txt`` (detokenised) and
+``metrics.json`` with sacreBLEU (and signature), chrF, BERTScore (model, layer, hash), the test
+loss, decoding time and speed, and BLEU/loss by source-length bucket.
+
+The evaluation that training runs goes into the run directory itself; when a continued run is
+evaluated again at a later step, the earlier evaluation moves to ``RUN/evals/step=N/`` first.
+A standalone evaluation, ``python -m posenc.evaluation run_dir=PATH [KEY=VALUE ...]``, composes
+its overrides onto the run's saved config (typos and wrong types refused) and writes into
+``RUN/evals/<overrides>,step=N/``: it never replaces what training wrote, and re-running the
+same evaluation reads the one already there.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from posenc.data.corpora import eval_splits, load_corpora
+from posenc.data.corpus import Corpus
+from posenc.data.tokenizer import Tokenizer
+from posenc.evaluation.attention_maps import example_attention, plot_attention
+from posenc.evaluation.decode import translate
+from posenc.evaluation.metrics import BertScore, bleu_chrf, length_buckets
+from posenc.model.factory import load_run_model, variant_model
+from posenc.model.seq2seq import Seq2Seq
+from posenc.runtime.device import resolve_device
+from posenc.runtime.files import read_json, write_json
+from posenc.runtime.tblog import RunLogger
+from posenc.training.losses import sentence_losses
+
+log = logging.getLogger("posenc.evaluation.evaluate")
+
+
+def evaluate_split(
+    model: Seq2Seq,
+    tokenizer: Tokenizer,
+    corpus: Corpus,
+    eval_cfg: DictConfig,
+    bertscore: BertScore,
+    device: torch.device,
+    out_dir: Path,
+    split: str,
+) -> dict[str, Any]:
+    """Decode and score one split; writes its hypothesis and reference files into
+    ``out_dir``."""
+    if eval_cfg.max_sentences:
+        corpus = Corpus(
+            corpus.name, corpus.src[: eval_cfg.max_sentences], corpus.tgt[: eval_cfg.max_sentences]
+        )
+    sources = tokenizer.encode_batch(corpus.src)
+    targets = tokenizer.encode_batch(corpus.tgt)
+    ids, seconds = translate(
+        model,
+        tokenizer,
+        sources,
+        eval_cfg.batch_tokens,
+        eval_cfg.max_len_a,
+        eval_cfg.max_len_b,
+        eval_cfg.use_cache,
+        device,
+    )
+    hypotheses = tokenizer.decode_batch(ids)
+    (out_dir / f"hypotheses.{split}.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    (out_dir / f"references.{split}.txt").write_text("\n".join(corpus.tgt) + "\n", encoding="utf-8")
+    nll, counts = sentence_losses(model, tokenizer, sources, targets, eval_cfg.batch_tokens, device)
+    generated = sum(len(row) + 1 for row in ids)
+    result: dict[str, Any] = {
+        "sentences": len(hypotheses),
+        **bleu_chrf(hypotheses, corpus.tgt),
+        **bertscore(hypotheses, corpus.tgt).as_dict(),
+        "loss": round(sum(nll) / max(sum(counts), 1), 5),
+        "decode_seconds": round(seconds, 3),
+        "decode_tokens_per_s": round(generated / max(seconds, 1e-9), 1),
+        "decode_sentences_per_s": round(len(ids) / max(seconds, 1e-9), 2),
+        "use_cache": bool(eval_cfg.use_cache),
+        "empty_hypotheses": sum(not h.strip() for h in hypotheses),
+        "buckets": length_buckets(
+            list(eval_cfg.length_buckets),
+            [len(s) + 1 for s in sources],
+            hypotheses,
+            corpus.tgt,
+            nll,
+            counts,
+        ),
+    }
+    if result["empty_hypotheses"] * 2 > len(hypotheses):
+        log.warning(
+            "%s: %d of %d hypotheses are empty: the model does not translate yet, so its scores "
+            "say little; train longer",
+            split,
+            result["empty_hypotheses"],
+            len(hypotheses),
+        )
+    log.info(
+        "%s: BLEU %.2f chrF %.2f BERTScore-F1 %s (%d sentences, %.1f s)",
+        split,
+        result["bleu"],
+        result["chrf"],
+        result["bertscore_f1"],
+        len(ids),
+        seconds,
+    )
+    return result
+
+
+EVALUATION_FILES = ("metrics.json", "hypotheses.*.txt", "references.*.txt", "attention.*")
+
+
+def archive_evaluation(run_dir: Path, step: int) -> Path | None:
+    """Move the run's own evaluation of another step than ``step`` to ``RUN/evals/step=N/``,
+    so a continued run's new evaluation replaces nothing; returns where it went."""
+    previous = read_json(run_dir / "metrics.json")
+    if previous is None or previous.get("step") == step:
+        return None
+    target = run_dir / "evals" / f"step={previous.get('step')}"
+    target.mkdir(parents=True, exist_ok=True)
+    for pattern in EVALUATION_FILES:
+        for path in run_dir.glob(pattern):
+            path.replace(target / path.name)
+    log.info("the evaluation at step %s moved to %s", previous.get("step"), target)
+    return target
+
+
+def evaluate(
+    cfg: DictConfig, run_dir: Path, out_dir: Path | None = None, loaded: tuple | None = None
+) -> dict[str, Any]:
+    """Evaluate ``run_dir`` on ``cfg.eval.splits``; writes ``metrics.json`` and the other
+    files into ``out_dir`` (default: the run directory, whose earlier evaluation of another step
+    is archived first) and returns the metrics. ``loaded`` is :func:`load_run_model`'s answer
+    when the caller has it already."""
+    device = resolve_device(cfg.device)
+    if loaded is None:
+        loaded = load_run_model(run_dir, cfg, cfg.eval.checkpoint, device)
+    tokenizer, model, step, path = loaded
+    own = out_dir is None
+    out_dir = run_dir if own else out_dir
+    if own:
+        archive_evaluation(run_dir, step)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    corpora = load_corpora(cfg.data, with_train=False)
+    splits = eval_splits(cfg.eval.splits, corpora)
+    bertscore = BertScore(
+        cfg.eval.bertscore.model, cfg.eval.bertscore.layer, cfg.eval.bertscore.batch_size
+    )
+    metrics: dict[str, Any] = {
+        "pe": cfg.pe.name,
+        "checkpoint": str(path.name),
+        "step": step,
+        "splits": {},
+    }
+    for split in splits:
+        metrics["splits"][split] = evaluate_split(
+            model, tokenizer, corpora[split], cfg.eval, bertscore, device, out_dir, split
+        )
+    variants = cfg.eval.get("pe_variants") or {}
+    if variants:
+        metrics["variants"] = {}
+    for name, overrides in variants.items():
+        variant = variant_model(cfg, overrides, model, tokenizer, device)
+        metrics["variants"][name] = {
+            "pe": dict(overrides),
+            "splits": {
+                split: evaluate_split(
+                    variant,
+                    tokenizer,
+                    corpora[split],
+                    cfg.eval,
+                    bertscore,
+                    device,
+                    out_dir,
+                    f"{split}.{name}",
+                )
+                for split in splits
+            },
+        }
+    _save_attention_example(
+        model, tokenizer, corpora[splits[0]], cfg, out_dir, device, step, log_to=run_dir
+    )
+    summary = read_json(run_dir / "train_summary.json")
+    if summary is not None:
+        metrics["train"] = summary
+    write_json(out_dir / "metrics.json", metrics)
+    return metrics
+
+
+def _save_attention_example(
+    model,
+    tokenizer,
+    corpus: Corpus,
+    cfg: DictConfig,
+    out_dir: Path,
+    device: torch.device,
+    step: int,
+    log_to: Path,
+) -> None:
+    """Layer-0 attention of the first sentence pair of ``corpus`` -> npz and PNG in
+    ``out_dir``; also to the run's TensorBoard when ``out_dir`` is the run ``log_to`` itself."""
+    maps = example_attention(model, tokenizer, corpus.src[0], corpus.tgt[0], device)
+    np.savez_compressed(out_dir / "attention.npz", **maps)
+    image = plot_attention(
+        maps,
+        f"{cfg.pe.name}: layer-0 attention on '{corpus.src[0][:60]}'",
+        out_dir / "attention.png",
+    )
+    if out_dir == log_to:
+        logger = RunLogger(log_to / "tb", resume_step=step, resume_seconds=1e12)
+        logger.image("attention/layer0", image, step)
+        logger.close()

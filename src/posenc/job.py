@@ -1,0 +1,163 @@
+"""What ``python train.py ...`` does for one Hydra job: prepare the run directory, train (or
+resume), evaluate, and record the outcome. Errors a user can fix end the job with one line.
+
+Under ``torchrun --nproc_per_node=N train.py ...`` every rank runs this: all train together,
+rank 0 alone writes the run directory and evaluates (see :mod:`posenc.runtime.distributed`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from math import inf
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from posenc.data.corpus import DataError
+from posenc.evaluation.evaluate import evaluate
+from posenc.runtime import distributed
+from posenc.runtime.checkpoint import CheckpointError
+from posenc.runtime.device import resolve_device
+from posenc.runtime.files import read_json
+from posenc.training.loop import TrainingError, budget_spent, train
+from posenc.training.start import RunMismatchError, find_start
+
+log = logging.getLogger("posenc")
+
+USER_ERRORS = (DataError, CheckpointError, TrainingError, ValueError, FileNotFoundError)
+
+OmegaConf.register_new_resolver("dirname", lambda overrides: overrides or "default", replace=True)
+
+
+def _absolute_paths(cfg: DictConfig) -> None:
+    """Make path settings absolute so the saved config works from any directory."""
+    with open_dict(cfg):
+        if cfg.data.get("dir"):
+            cfg.data.dir = to_absolute_path(cfg.data.dir)
+        if cfg.tokenizer.get("vocab_file"):
+            cfg.tokenizer.vocab_file = to_absolute_path(cfg.tokenizer.vocab_file)
+        cfg.cache_dir = to_absolute_path(str(Path(cfg.cache_dir).expanduser()))
+        for key in ("resume", "init_from"):
+            if cfg.trainer.get(key):
+                cfg.trainer[key] = to_absolute_path(cfg.trainer[key])
+
+
+def hydra_job() -> tuple[Path, bool]:
+    """The current Hydra job's output directory and whether it is part of a multirun."""
+    hydra_cfg = HydraConfig.get()
+    return Path(hydra_cfg.runtime.output_dir), hydra_cfg.mode == RunMode.MULTIRUN
+
+
+def finished_metrics(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
+    """The metrics of a run in ``run_dir`` that is trained to the budget of ``cfg`` and
+    evaluated at its last step, or None when something is missing or unfinished."""
+    metrics = read_json(run_dir / "metrics.json")
+    summary = read_json(run_dir / "train_summary.json")
+    if metrics is None or summary is None or metrics.get("step") != summary.get("steps"):
+        return None
+    spent = budget_spent(summary.get("steps", 0), summary.get("train_seconds", 0.0), cfg.trainer)
+    return metrics if spent else None
+
+
+def objective(cfg: DictConfig, run_dir: Path) -> float | None:
+    """What ``train.py`` returns to an optimising sweeper (Optuna), per ``cfg.objective``:
+    ``valid_loss`` = the run's best validation loss (``inf`` for a run that failed, so the
+    search moves away from it); None when ``cfg.objective`` is null."""
+    if cfg.get("objective") is None:
+        return None
+    summary = read_json(run_dir / "train_summary.json") or {}
+    loss = summary.get("best_valid_loss")
+    return float(loss) if loss is not None and not (run_dir / "failed.json").exists() else inf
+
+
+def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any] | None:
+    """Train and evaluate one configuration in ``run_dir``.
+
+    A run that is already trained and evaluated returns its metrics at once; an unfinished
+    one resumes; a failed one is tried again. A user error (bad data, corrupt checkpoint, NaN
+    loss, impossible config) is logged as one line and recorded in ``failed.json``; a single run
+    then exits with status 1, while a multirun goes on with its other jobs. Under torchrun the
+    ranks train together and rank 0 returns the metrics (the others return None).
+    """
+    try:
+        return _run(cfg, run_dir, multirun)
+    finally:
+        distributed.teardown()
+
+
+def _run(cfg: DictConfig, run_dir: Path, multirun: bool) -> dict[str, Any] | None:
+    _absolute_paths(cfg)
+    failure_path = run_dir / "failed.json"
+    try:
+        distributed.setup(resolve_device(cfg.device))
+        start = find_start(cfg, run_dir)  # before anything is written: the run may be another's
+        if distributed.is_main():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+            failure_path.unlink(missing_ok=True)
+        done = finished_metrics(cfg, run_dir)
+        if done is not None:
+            log.info("%s is already trained and evaluated; nothing to do", run_dir)
+            return done if distributed.is_main() else None
+        summary = train(cfg, run_dir, start)
+        if not distributed.is_main():
+            return None
+        metrics = read_json(run_dir / "metrics.json")
+        if metrics is not None and metrics.get("step") == summary["steps"]:
+            log.info("%s is already trained and evaluated; nothing to do", run_dir)
+            return metrics
+        if not cfg.eval.enabled:
+            return None
+        metrics = evaluate(cfg, run_dir)
+    except USER_ERRORS as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if distributed.is_main() and not isinstance(err, RunMismatchError):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            failure_path.write_text(json.dumps({"error": type(err).__name__, "message": message}))
+        log.error("%s: %s", type(err).__name__, message)
+        if multirun:
+            return None  # the sweep goes on; the report lists this run as failed
+        sys.exit(1)
+    _log_hparams(cfg, run_dir, metrics)
+    first = next(iter(metrics["splits"].values()), {})
+    log.info(
+        "done: %s  BLEU %s  chrF %s  -> %s",
+        cfg.pe.name,
+        first.get("bleu"),
+        first.get("chrf"),
+        run_dir,
+    )
+    return metrics
+
+
+def _log_hparams(cfg: DictConfig, run_dir: Path, metrics: dict[str, Any]) -> None:
+    from posenc.runtime.tblog import RunLogger
+
+    train_info = metrics.get("train", {})
+    values = {"hparam/valid_loss": train_info.get("best_valid_loss")}
+    for split, m in metrics["splits"].items():
+        values[f"hparam/{split}_bleu"] = m["bleu"]
+        values[f"hparam/{split}_chrf"] = m["chrf"]
+        if m.get("bertscore_f1") is not None:
+            values[f"hparam/{split}_bertscore_f1"] = m["bertscore_f1"]
+    values = {k: float(v) for k, v in values.items() if v is not None}
+    params = {
+        "pe": cfg.pe.name,
+        "seed": cfg.seed,
+        "d_model": cfg.model.d_model,
+        "layers": cfg.model.encoder_layers,
+        "heads": cfg.model.n_heads,
+        "max_steps": cfg.trainer.max_steps or -1,
+        "lr": cfg.trainer.lr,
+        "data": cfg.data.name,
+        "tokenizer": cfg.tokenizer.kind,
+    }
+    step = metrics["step"]
+    logger = RunLogger(run_dir / "tb", resume_step=step, resume_seconds=1e12)
+    logger.hparams(params, values, step)
+    logger.close()

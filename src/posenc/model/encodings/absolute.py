@@ -1,0 +1,92 @@
+"""Input-level (absolute) encodings: a vector per position added to each token embedding.
+
+* ``sinpe`` — Vaswani et al. 2017, as in the seed report:
+  ``PE(pos, 2i) = sin(pos / 10000^(2i/d))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d))``.
+* ``learned`` — a trained table of ``max_len`` positions (Gehring et al. 2017; GPT-2).
+
+Both act on the input of the encoder and of the decoder (each stack has its own instance; the
+decoder's positions continue from the cache length during incremental decoding). Attention is
+left unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from posenc.model.encodings.base import Site, StackEncoding, compute_dtype
+
+
+def sinusoidal_table(
+    positions: Tensor, d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """Sinusoidal encodings ``(L, d)`` of ``positions (L,)`` in ``dtype``; even dims sin, odd
+    dims cos."""
+    if d_model % 2:
+        raise ValueError(f"sinpe needs an even d_model, got {d_model}")
+    steps = torch.arange(0, d_model, 2, device=positions.device, dtype=dtype)
+    inv_freq = base ** (-steps / d_model)
+    angles = positions.to(dtype)[:, None] * inv_freq[None, :]
+    table = torch.empty(positions.shape[0], d_model, device=positions.device, dtype=dtype)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles)
+    return table
+
+
+class SinusoidalEncoding(StackEncoding):
+    """Fixed sinusoidal absolute positions added to the stack input ``(B, L, d)``."""
+
+    applies_to = "encoder and decoder inputs"
+    encoder_form = "same table as the decoder"
+
+    def __init__(
+        self, site: Site, d_model: int, n_heads: int, n_layers: int, base: float = 10000.0
+    ) -> None:
+        super().__init__(site, d_model, n_heads, n_layers)
+        self.base = base
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        table = sinusoidal_table(positions, self.d_model, self.base, compute_dtype(x))
+        return x + table.to(x.dtype)
+
+
+class LearnedEncoding(StackEncoding):
+    """A learned table of ``max_len`` absolute positions added to the stack input ``(B, L, d)``.
+
+    A position ``>= max_len`` raises a ValueError unless ``clamp=True``, which reuses the last
+    row for every longer position.
+    """
+
+    applies_to = "encoder and decoder inputs"
+    encoder_form = "its own table per stack"
+
+    def __init__(
+        self,
+        site: Site,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        max_len: int = 256,
+        clamp: bool = False,
+    ) -> None:
+        super().__init__(site, d_model, n_heads, n_layers)
+        self.max_len = max_len
+        self.clamp = clamp
+        self.table = nn.Embedding(max_len, d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.table.weight, std=1.0 / math.sqrt(self.d_model))
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        if positions.numel() and int(positions.max()) >= self.max_len:
+            if not self.clamp:
+                raise ValueError(
+                    f"learned positions: the {self.site.value} input reaches position "
+                    f"{int(positions.max())} but the table has pe.max_len={self.max_len}; "
+                    "raise pe.max_len or set pe.clamp=true"
+                )
+            positions = positions.clamp(max=self.max_len - 1)
+        return x + self.table(positions).to(x.dtype)

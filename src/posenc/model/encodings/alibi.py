@@ -1,0 +1,180 @@
+"""ALiBi, attention with linear biases (Press, Smith & Lewis, ICLR 2022).
+
+No position vectors are added to the inputs. Every self-attention logit of head ``h`` receives a
+fixed penalty proportional to the query-key distance::
+
+    decoder (causal, the paper's form):  bias[h, i, j] = -m_h * (i - j)   for j <= i
+    encoder (bidirectional):              bias[h, i, j] = -m_h * |i - j|
+
+The slopes ``m_h`` are not learned: for ``n`` a power of two they are the geometric sequence
+``2^(-8/n), 2^(-16/n), ..., 2^(-8)``; otherwise the first ``2^floor(log2 n)`` slopes of that
+sequence followed by every other slope of the ``2^(floor(log2 n) + 1)`` sequence (the
+``get_slopes`` function of the paper's repository, ofirpress/attention_with_linear_biases).
+
+Where it applies: encoder self-attention and decoder self-attention, with the same slopes; no
+bias in cross-attention (source and target positions do not lie on one axis).
+
+Encoder forms (the paper only trains causal language models), chosen by ``encoder_bias``;
+``split`` is the default, chosen by the measured comparison in docs/RESULTS.md (§4: on the toy
+reversal task it reaches about 69% exact matches where ``symmetric`` reaches 37% and
+``asymmetric`` 23%; on the local data the three forms are within seed noise):
+
+* ``symmetric``: ``-m_h |i - j|``, the form its authors point to for bidirectional attention
+  (issue #5 of their repository; also data2vec 2.0 and Voicebox). It carries distance but not
+  direction: the encoder is equivariant to reversing its input, and as cross-attention has no
+  positions either, a source and its reversal give the same translation (kept as an option, for
+  comparison; the README table says it cannot see word order);
+* ``asymmetric``: different slopes before and after the query, ``-m_h (i - j)`` for keys at or
+  before it and ``-m_(H-1-h) (j - i)`` for keys after it: each head pairs a slope with the
+  mirror slope of the geometric sequence (its steepest-left head is its gentlest-right one), so
+  every head but the middle one of an odd count tells left from right, still with no parameters;
+* ``split``: heads that look in opposite directions, as a bidirectional RNN does: even heads
+  see the keys at or before the query (the paper's causal bias), odd heads the keys at or after
+  it (its mirror), both with the paper's slopes; the other side gets the finite penalty
+  ``SPLIT_PENALTY`` rather than ``-inf``, which is exactly a mask for every real query (its own
+  key is always on its side) and keeps padding queries, whose side can be all padding, free of
+  NaN.
+
+Incremental decoding: the single new query sits at position ``call.q_pos``; its row of the bias
+is built from the absolute positions, so cached keys need no extra state.
+
+Speed: the bias needs no gradient, so SDPA keeps its fused kernel; it is built once per forward
+in :meth:`ALiBiEncoding.context` and shared by every layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from posenc.model.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
+
+SPLIT_PENALTY = -1.0e4
+"""The bias of keys on the side a ``split`` head does not look at: ``exp(-1e4)`` is exactly 0
+in float32 and bfloat16, so for a real query (whose own key scores 0) it is a mask."""
+
+
+def side_distances(q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """Float ``(Lq, Lk)`` distances ``i - j`` of keys before the query and ``j - i`` of keys
+    after it, each 0 on the other side (and at ``j = i``)."""
+    signed = (k_pos[None, :] - q_pos[:, None]).float()  # j - i
+    return (-signed).clamp(min=0), signed.clamp(min=0)
+
+
+def split_blocked(n_heads: int, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """Bool ``(H, Lq, Lk)``, True where a ``split`` head does not look: keys after the query
+    for even heads, keys before it for odd heads."""
+    signed = k_pos[None, :] - q_pos[:, None]
+    looks_forward = (torch.arange(n_heads, device=q_pos.device) % 2).bool()[:, None, None]
+    return torch.where(looks_forward, signed[None] < 0, signed[None] > 0)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """The ``(H,)`` float32 head slopes of ALiBi for any head count ``H >= 1``.
+
+    Head ``h`` (0-based) of a power-of-two ``n`` gets ``2^(-8 (h + 1) / n)``. For other ``n``
+    with ``p = 2^floor(log2 n)``: the ``p`` slopes of ``p`` heads, then the slopes of ``2p``
+    heads at odd multiples of ``8 / (2p)``, i.e. every other one starting from the first.
+    """
+    if n_heads < 1:
+        raise ValueError(f"ALiBi needs at least one head, got n_heads={n_heads}")
+    p = 2 ** math.floor(math.log2(n_heads))
+    exponents = torch.arange(1, p + 1, dtype=torch.float64) * (8.0 / p)
+    extra = (2 * torch.arange(n_heads - p, dtype=torch.float64) + 1) * (8.0 / (2 * p))
+    return torch.pow(2.0, -torch.cat([exponents, extra])).float()
+
+
+class SharedBias(AttentionRule):
+    """Adds the stack's per-forward bias ``call.context`` (``(1, H, Lq, Lk)``) to the logits.
+
+    The rule of every bias encoding whose bias is the same in all layers of a stack (ALiBi, T5,
+    KERPLE): the stack computes it once in ``context``; each layer only reads it.
+    """
+
+    def bias(
+        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> Tensor | None:
+        return call.context
+
+
+class DistanceBiasEncoding(StackEncoding):
+    """A bias that decays with the query-key distance (ALiBi, KERPLE), shared by every layer of
+    the stack through :class:`SharedBias`, with the encoder forms of ``encoder_bias``.
+
+    Subclasses give the bias of each side in :meth:`context` and combine them with
+    :meth:`encoder_bias_of`; the decoder uses the "before" side alone (the papers' causal form).
+    """
+
+    applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
+    FORMS = {
+        "split": "split (half the heads look left, half right)",
+        "asymmetric": "asymmetric (slopes before/after the query differ)",
+        "symmetric": "symmetric in |i-j| (no word order)",
+    }
+
+    def __init__(
+        self, site: Site, d_model: int, n_heads: int, n_layers: int, encoder_bias: str
+    ) -> None:
+        super().__init__(site, d_model, n_heads, n_layers)
+        if encoder_bias not in self.FORMS:
+            raise ValueError(
+                f"{type(self).__name__}: encoder_bias={encoder_bias!r} is unknown; use one of "
+                f"{list(self.FORMS)}"
+            )
+        self.encoder_bias = encoder_bias
+        others = ", ".join(text for form, text in self.FORMS.items() if form != encoder_bias)
+        self.encoder_form = f"{self.FORMS[encoder_bias]}; options: {others}"
+        self.sees_source_order = encoder_bias != "symmetric"
+        self.rule = SharedBias()
+
+    def encoder_bias_of(
+        self, before: Tensor, after: Tensor, q_pos: Tensor, k_pos: Tensor
+    ) -> Tensor:
+        """The encoder's ``(1, H, Lq, Lk)`` bias from the ``(H, Lq, Lk)`` biases of keys before
+        and after the query (each 0 on the other side); ``split`` heads get
+        :data:`SPLIT_PENALTY` on the side they do not look at."""
+        bias = before + after
+        if self.encoder_bias == "split":
+            bias = bias.masked_fill(split_blocked(self.n_heads, q_pos, k_pos), SPLIT_PENALTY)
+        return bias[None]
+
+    def self_rule(self, layer: int) -> AttentionRule:
+        return self.rule
+
+
+class ALiBiEncoding(DistanceBiasEncoding):
+    """Fixed linear distance penalties, ``(1, H, Lq, Lk)`` per forward, in self-attention only.
+
+    Args:
+        site, d_model, n_heads, n_layers: see :class:`StackEncoding`.
+        encoder_bias: the encoder form, ``split``, ``asymmetric`` or ``symmetric`` (module
+            docstring); the decoder always uses the paper's causal bias.
+    """
+
+    def __init__(
+        self,
+        site: Site,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        encoder_bias: str = "split",
+    ) -> None:
+        super().__init__(site, d_model, n_heads, n_layers, encoder_bias)
+        slopes = alibi_slopes(n_heads)
+        after = slopes.flip(0) if encoder_bias == "asymmetric" else slopes
+        self.register_buffer("slopes", slopes, persistent=False)
+        self.register_buffer("slopes_after", after, persistent=False)
+
+    def context(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The bias ``(1, H, Lq, Lk)`` for queries at ``q_pos (Lq,)`` and keys at ``k_pos (Lk,)``.
+
+        In the decoder, entries of future keys (masked later) are 0 rather than positive.
+        """
+        before, after = side_distances(q_pos, k_pos)
+        bias_before = -self.slopes[:, None, None] * before
+        if self.causal:
+            return bias_before[None]
+        bias_after = -self.slopes_after[:, None, None] * after
+        return self.encoder_bias_of(bias_before, bias_after, q_pos, k_pos)

@@ -1,0 +1,287 @@
+"""Rotary encodings: q and k are rotated by position-dependent angles before the dot product.
+
+* ``rope`` — RoFormer (Su et al. 2021). Pair ``i`` of a head's rotated dimensions turns by the
+  angle ``m * theta_i`` at position ``m``, ``theta_i = base^(-2i/r)`` (``r`` rotated dims), so
+  ``q_m . k_n`` depends on the positions only through ``m - n``. Optional context-extension
+  scalings for test inputs longer than training (``scaling``):
+
+  - ``linear``: position interpolation (Chen et al. 2023), positions divided by ``factor``;
+  - ``ntk``: NTK-aware base ``base * factor^(r / (r - 2))``;
+  - ``yarn``: YaRN (Peng et al. 2023), a per-frequency ramp between interpolation and
+    extrapolation (``beta_fast=32``, ``beta_slow=1``, bounds floored/ceiled as in the authors'
+    code) and the attention temperature ``0.1 ln(factor) + 1`` multiplied into the
+    rotation (cos and sin), so both q and k carry it.
+
+  The inverse frequencies equal ``transformers.modeling_rope_utils``' ("linear", "yarn", and
+  "dynamic" evaluated where its base equals the static NTK base).
+
+* ``xpos`` — A Length-Extrapolatable Transformer (Sun et al. 2022): RoPE whose pair ``i`` is
+  also scaled by ``zeta_i^(m/scale_base)`` on queries and ``zeta_i^(-n/scale_base)`` on keys,
+  ``zeta_i = (i/(r/2) + gamma) / (1 + gamma)``, so the pair's contribution to ``q_m . k_n``
+  decays as ``zeta_i^((m-n)/scale_base)`` with the distance ``m - n >= 0``.
+
+Layout: the rotated dims are the first ``r = rotary_fraction * D`` dims of each head, and pair
+``i`` is the adjacent pair ``(2i, 2i+1)``, as in the paper (and the seed report): the pair is the
+complex number ``x_2i + i x_2i+1`` and turns by multiplication with ``e^(i m theta_i)``, which is
+also the cheapest form on CPU (one complex multiply forward, one backward). transformers' Llama
+pairs ``(i, i + r/2)`` ("rotate half"); the two differ only by a fixed permutation of head dims,
+which the learned q/k projections absorb (the tests check the equivalence number for number).
+The remaining ``D - r`` dims pass through unrotated.
+
+Where it applies: encoder and decoder self-attention. Cross-attention stays plain: source and
+target positions do not lie on one axis. Keys are rotated once, at their own position, before
+they enter the decoder's key/value cache (:meth:`AttentionRule.prepare`); attention itself is
+plain SDPA. The rotation table ``e^(i m theta)`` (cos/sin) is computed once per forward in
+``context`` for the positions of the call (new keys share the queries' positions) and shared
+by every layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posenc.model.encodings.base import AttentionRule, Site, StackEncoding
+
+SCALINGS = ("none", "linear", "ntk", "yarn")
+YARN_BETA_FAST = 32.0
+YARN_BETA_SLOW = 1.0
+
+
+def rotary_dim(head_dim: int, rotary_fraction: float) -> int:
+    """The number ``r`` of rotated dims per head; ValueError unless it is even and positive."""
+    if not 0.0 < rotary_fraction <= 1.0:
+        raise ValueError(f"rope: rotary_fraction={rotary_fraction} must lie in (0, 1]")
+    r = int(head_dim * rotary_fraction)
+    if r == 0 or r % 2:
+        raise ValueError(
+            f"rope: rotary_fraction={rotary_fraction} of head dim {head_dim} rotates {r} dims; "
+            "rotation needs an even, positive number of dims (pairs)"
+        )
+    return r
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """YaRN's temperature ``sqrt(1/t) = 0.1 ln(factor) + 1`` (1 for ``factor <= 1``)."""
+    return 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+
+
+def rope_inverse_frequencies(
+    dim: int,
+    base: float = 10000.0,
+    scaling: str = "none",
+    factor: float = 1.0,
+    original_max_len: int = 256,
+) -> tuple[Tensor, float]:
+    """Inverse frequencies ``theta (dim/2,)`` for ``dim`` rotated dims and the factor that
+    multiplies cos and sin (YaRN's attention temperature; 1 otherwise).
+
+    ``factor`` is ignored with ``scaling="none"``; ``original_max_len`` is used by YaRN only.
+    """
+    exponents = torch.arange(0, dim, 2, dtype=torch.float32) / dim
+    if scaling == "ntk":
+        base = base * factor ** (dim / (dim - 2))
+    inv_freq = 1.0 / base**exponents
+    if scaling == "linear":
+        return inv_freq / factor, 1.0
+    if scaling != "yarn":
+        return inv_freq, 1.0
+
+    def pair_index(rotations: float) -> float:
+        """The (fractional) pair index whose wavelength fits ``rotations`` times into the
+        training length."""
+        return dim * math.log(original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_index(YARN_BETA_FAST)), 0)
+    high = min(math.ceil(pair_index(YARN_BETA_SLOW)), dim - 1)
+    if low == high:
+        high += 0.001
+    # 0 below ``low`` (fast pairs: extrapolate), 1 above ``high`` (slow pairs: interpolate).
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0.0, 1.0)
+    inv_freq = inv_freq * (1.0 - ramp) + inv_freq / factor * ramp
+    return inv_freq, yarn_attention_factor(factor)
+
+
+def rotation_table(positions: Tensor, inv_freq: Tensor, scale: Tensor | float = 1.0) -> Tensor:
+    """Complex ``scale * e^(i m theta) (L, r/2)`` (complex64) for ``positions (L,)`` and
+    ``inv_freq (r/2,)``; ``scale`` (a float or ``(L, r/2)``) is YaRN's temperature or xPos's
+    decay."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    return torch.complex(angles.cos() * scale, angles.sin() * scale)
+
+
+def rotate(x: Tensor, table: Tensor) -> Tensor:
+    """Rotate the first ``r`` dims of ``x (B, H, L, D)`` by ``table (L, r/2)`` from
+    :func:`rotation_table`, pair ``(2i, 2i+1)`` by entry ``i``; the other dims pass through.
+
+    Computed in float32 for lower-precision inputs (complex bfloat16 does not exist) and
+    returned in ``x``'s dtype.
+    """
+    r = 2 * table.shape[-1]
+    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    head = work[..., :r] if r < x.shape[-1] else work
+    if head.storage_offset() % 2 or any(stride % 2 for stride in head.stride()[:-1]):
+        head = head.contiguous()  # a complex view needs even strides (odd head dims)
+    pairs = torch.view_as_complex(head.unflatten(-1, (-1, 2)))
+    out = torch.view_as_real(pairs * table.to(pairs.dtype)).flatten(-2)
+    if r < x.shape[-1]:
+        out = torch.cat((out, work[..., r:]), dim=-1)
+    return out.to(x.dtype)
+
+
+@dataclass
+class RotaryTables:
+    """The per-forward rotation of the new tokens: complex ``(L, r/2)`` tables for queries and
+    for keys (the same tensor unless the key side is scaled differently, as in xPos)."""
+
+    q: Tensor
+    k: Tensor
+
+
+class RotaryRule(AttentionRule):
+    """Rotates the new tokens' q and k with the stack's :class:`RotaryTables` before caching;
+    attention is then plain SDPA (the base class's forward)."""
+
+    def prepare(
+        self,
+        q: Tensor,
+        k: Tensor,
+        x: Tensor,
+        positions: Tensor,
+        context: RotaryTables | None = None,
+    ) -> tuple[Tensor, Tensor, None]:
+        """``q, k (B, H, L, D)`` rotated at ``positions (L,)`` using ``context``."""
+        if context is None or context.q.shape[0] != positions.shape[0]:
+            raise ValueError(
+                "a rotary rule needs the stack's context built from the call's q_pos "
+                f"({positions.shape[0]} positions)"
+            )
+        return rotate(q, context.q), rotate(k, context.k), None
+
+
+class _RotaryStack(StackEncoding):
+    """Shared machinery: one :class:`RotaryRule` per layer for self-attention, plain
+    cross-attention, tables computed in :meth:`context`."""
+
+    def self_rule(self, layer: int) -> AttentionRule:
+        return RotaryRule()
+
+
+class RotaryEncoding(_RotaryStack):
+    """RoPE (Su et al.) on encoder and decoder self-attention, with optional context extension.
+
+    Args:
+        site, d_model, n_heads, n_layers: see :class:`StackEncoding`.
+        base: the wavelength base (10000 in the paper).
+        rotary_fraction: fraction of each head's dims that is rotated (the rest pass through);
+            the rotated count must be even.
+        scaling: ``none``, ``linear`` (position interpolation), ``ntk`` (NTK-aware base) or
+            ``yarn``; meant to be switched on when testing on inputs longer than training.
+        factor: the context-extension factor (>= 1); ignored with ``scaling=none``.
+        original_max_len: the training length (YaRN's ramp bounds depend on it).
+    """
+
+    applies_to = "encoder and decoder self-attention (q, k rotated); cross-attention plain"
+    encoder_form = "same rotation as the decoder (RoPE is bidirectional by construction)"
+
+    def __init__(
+        self,
+        site: Site,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        base: float = 10000.0,
+        rotary_fraction: float = 1.0,
+        scaling: str = "none",
+        factor: float = 1.0,
+        original_max_len: int = 256,
+    ) -> None:
+        super().__init__(site, d_model, n_heads, n_layers)
+        if scaling not in SCALINGS:
+            raise ValueError(f"rope: scaling={scaling!r} is unknown; use one of {SCALINGS}")
+        dim = rotary_dim(d_model // n_heads, rotary_fraction)
+        if scaling != "none" and factor < 1.0:
+            raise ValueError(f"rope: scaling={scaling} needs factor >= 1, got factor={factor}")
+        if scaling == "ntk" and dim <= 2:
+            raise ValueError("rope: scaling=ntk needs more than 2 rotated dims per head")
+        if scaling == "yarn" and original_max_len <= 0:
+            raise ValueError(f"rope: scaling=yarn needs original_max_len > 0 ({original_max_len})")
+        inv_freq, self.attention_factor = rope_inverse_frequencies(
+            dim, base, scaling, factor, original_max_len
+        )
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def context(self, q_pos: Tensor, k_pos: Tensor) -> RotaryTables:
+        """The ``(Lq, r/2)`` table of the call's new tokens (keys share the queries' positions)."""
+        table = rotation_table(q_pos, self.inv_freq, self.attention_factor)
+        return RotaryTables(table, table)
+
+
+class XPosEncoding(_RotaryStack):
+    """xPos (Sun et al. 2022): RoPE with an exponential decay in the decoder.
+
+    Decoder (the paper's causal form): pair ``i`` of the query at position ``m`` is scaled by
+    ``zeta_i^(m/scale_base)`` and of the key at ``n`` by ``zeta_i^(-n/scale_base)``, so it adds
+    ``zeta_i^((m-n)/scale_base)`` times its RoPE term to the score, with
+    ``zeta_i = (i/(r/2) + gamma) / (1 + gamma)`` in ``[gamma/(1+gamma), 1)``.
+
+    Encoder: plain RoPE (no decay). The factorised decay is a decay only for keys at or before
+    the query; in bidirectional attention a key ``n - m`` positions *after* the query would be
+    amplified by ``zeta^(-(n-m)/scale_base)``, growing with distance, the opposite of the
+    paper's locality prior. A symmetric ``zeta^(|m-n|/scale_base)`` cannot be split into a
+    query and a key factor (it would need explicit per-frequency scores and lose SDPA), and
+    x-transformers refuses xPos in bidirectional attention for the same reason.
+
+    Positions are taken from a fixed origin (0) rather than the centre of the current sequence
+    as in torchscale/x-transformers: a cached key is scaled once, so its scale must not depend
+    on how long the sequence later grows. Scores only see ``m - n``, so the origin changes the
+    numerical range only: at position ``n`` the largest key factor is
+    ``(gamma/(1+gamma))^(-n/scale_base)``, 12.25 at ``n = 1024`` with the defaults, and float32
+    or bfloat16 overflow only past about 36,000 positions.
+
+    Args:
+        site, d_model, n_heads, n_layers: see :class:`StackEncoding`.
+        base: RoPE's wavelength base.
+        gamma: the decay offset (0.4 in the paper).
+        scale_base: the decay's length scale (512 in the paper).
+    """
+
+    applies_to = "encoder and decoder self-attention (q, k rotated and scaled); cross plain"
+    encoder_form = "plain RoPE: the decay zeta^((m-n)/B) only decays for keys before the query"
+
+    def __init__(
+        self,
+        site: Site,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        base: float = 10000.0,
+        gamma: float = 0.4,
+        scale_base: float = 512.0,
+    ) -> None:
+        super().__init__(site, d_model, n_heads, n_layers)
+        if gamma <= 0 or scale_base <= 0:
+            raise ValueError(f"xpos: gamma={gamma} and scale_base={scale_base} must be > 0")
+        dim = d_model // n_heads
+        if dim % 2:
+            raise ValueError(f"xpos: the head dim d_model/n_heads = {dim} must be even (pairs)")
+        self.scale_base = scale_base
+        inv_freq, _ = rope_inverse_frequencies(dim, base)
+        zeta = (torch.arange(dim // 2, dtype=torch.float32) / (dim // 2) + gamma) / (1 + gamma)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("log_zeta", zeta.log(), persistent=False)
+
+    def context(self, q_pos: Tensor, k_pos: Tensor) -> RotaryTables:
+        """Query and key tables ``(Lq, D/2)`` for the call's new tokens; the key table carries
+        the inverse decay (decoder) or equals the query table (encoder)."""
+        if not self.causal:
+            table = rotation_table(q_pos, self.inv_freq)
+            return RotaryTables(table, table)
+        power = q_pos.to(torch.float32)[:, None] / self.scale_base * self.log_zeta[None, :]
+        return RotaryTables(
+            rotation_table(q_pos, self.inv_freq, power.exp()),
+            rotation_table(q_pos, self.inv_freq, (-power).exp()),
+        )

@@ -1,0 +1,120 @@
+"""Models built by name from ``configs/``: the tools (benchmark, plots) use every encoding that
+has a ``configs/pe/*.yaml``, so a new encoding appears in them without code changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from posenc.config import CONFIG_DIR
+from posenc.data.tokenizer import Tokenizer, load_tokenizer
+from posenc.model.encodings import encoding_factory
+from posenc.model.layers import LayerSpec
+from posenc.model.seq2seq import Seq2Seq
+from posenc.runtime import checkpoint
+
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+
+def encoding_names(config_dir: Path = CONFIG_DIR) -> list[str]:
+    """Names of every ``configs/pe/*.yaml``, ``nonepe`` first, then alphabetical."""
+    names = sorted(p.stem for p in (config_dir / "pe").glob("*.yaml"))
+    return sorted(names, key=lambda name: name != "nonepe")
+
+
+def select_encodings(spec: str | None, config_dir: Path = CONFIG_DIR) -> list[str]:
+    """The names in a comma-separated ``spec`` (all encodings when None, empty or ``all``).
+
+    Raises:
+        ValueError: a name has no ``configs/pe/NAME.yaml``.
+    """
+    available = encoding_names(config_dir)
+    if not spec or spec == "all":
+        return available
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    unknown = [name for name in names if name not in available]
+    if unknown:
+        raise ValueError(f"unknown encoding(s) {unknown}; configs/pe has {available}")
+    return list(dict.fromkeys(names))
+
+
+def model_config(pe: str, model: str = "small", config_dir: Path = CONFIG_DIR) -> DictConfig:
+    """``{model: configs/model/MODEL.yaml, pe: configs/pe/PE.yaml}`` as one OmegaConf node."""
+    path = config_dir / "model" / f"{model}.yaml"
+    if not path.exists():
+        raise ValueError(f"no model config {path}")
+    return OmegaConf.create(
+        {"model": OmegaConf.load(path), "pe": OmegaConf.load(config_dir / "pe" / f"{pe}.yaml")}
+    )
+
+
+def build_named_model(
+    pe: str, model: str = "small", vocab_size: int = 8000, seed: int = 0
+) -> Seq2Seq:
+    """The Seq2Seq of ``configs/model/MODEL.yaml`` with encoding ``PE``, initialised from
+    ``seed`` (pad 0, bos 1, eos 2), through the training code's own ``build_model``."""
+    torch.manual_seed(seed)
+    return build_model(model_config(pe, model), vocab_size, PAD_ID, BOS_ID, EOS_ID)
+
+
+def build_model(cfg: DictConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> Seq2Seq:
+    """The Seq2Seq of ``cfg.model`` with encoding ``cfg.pe``."""
+    m = cfg.model
+    spec = LayerSpec(
+        d_model=m.d_model,
+        n_heads=m.n_heads,
+        d_ff=m.d_ff,
+        dropout=m.dropout,
+        attn_dropout=m.attn_dropout,
+        activation=m.activation,
+        norm_first=m.norm_first,
+    )
+    return Seq2Seq(
+        vocab_size=vocab_size,
+        pad_id=pad_id,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        spec=spec,
+        n_encoder_layers=m.encoder_layers,
+        n_decoder_layers=m.decoder_layers,
+        encoding=encoding_factory(OmegaConf.to_container(cfg.pe, resolve=True)),
+        share_embeddings=m.share_embeddings,
+        tie_output=m.tie_output,
+        scale_embedding=m.scale_embedding,
+    )
+
+
+def checkpoint_path(run_dir: Path, which: str) -> Path:
+    """``RUN/checkpoints/{which}.pt`` (``best`` falls back to ``last``)."""
+    path = run_dir / "checkpoints" / f"{which}.pt"
+    if not path.exists() and which == "best":
+        path = run_dir / "checkpoints" / "last.pt"
+    return path
+
+
+def load_run_model(run_dir: Path, cfg: DictConfig, which: str, device: torch.device):
+    """The tokenizer and the model of a run directory at its ``best`` or ``last`` checkpoint."""
+    tokenizer = load_tokenizer(run_dir / "tokenizer")
+    path = checkpoint_path(run_dir, which)
+    payload = checkpoint.load(path)
+    model = build_model(
+        cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+    )
+    model.load_state_dict(payload["model"])
+    return tokenizer, model.to(device).eval(), payload["state"]["step"], path
+
+
+def variant_model(
+    cfg: DictConfig, overrides: Any, model: Seq2Seq, tokenizer: Tokenizer, device: torch.device
+) -> Seq2Seq:
+    """The trained ``model`` rebuilt with ``pe`` settings changed at test time (e.g. a RoPE
+    scaling: ``{scaling: yarn, factor: 4}``); its weights are the trained ones."""
+    variant_cfg = OmegaConf.merge(cfg, {"pe": OmegaConf.to_container(overrides)})
+    variant = build_model(
+        variant_cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+    )
+    variant.load_state_dict(model.state_dict())
+    return variant.to(device).eval()

@@ -1,0 +1,207 @@
+"""Seq2Seq: token embeddings, ``nn.Transformer`` with posenc's stacks, output head, and batched
+greedy decoding with a key/value cache."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from posenc.model.encodings.base import EncodingModule, Site, StackEncoding
+from posenc.model.layers import Decoder, DecoderCache, Encoder, LayerSpec
+
+
+class Seq2Seq(nn.Module):
+    """An encoder-decoder Transformer whose positional encoding is pluggable.
+
+    Args:
+        vocab_size: size of the (joint) vocabulary.
+        pad_id, bos_id, eos_id: special token ids.
+        spec: layer shape (d_model, heads, FFN, dropout, norm placement).
+        n_encoder_layers, n_decoder_layers: stack depths.
+        encoding: ``(site, d_model, n_heads, n_layers) -> StackEncoding``, called once per stack.
+        share_embeddings: one embedding table for source and target.
+        tie_output: the output projection reuses the target embedding matrix.
+        scale_embedding: multiply embeddings by ``sqrt(d_model)`` (Vaswani et al.).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        pad_id: int,
+        bos_id: int,
+        eos_id: int,
+        spec: LayerSpec,
+        n_encoder_layers: int,
+        n_decoder_layers: int,
+        encoding: Callable[..., StackEncoding],
+        share_embeddings: bool = True,
+        tie_output: bool = True,
+        scale_embedding: bool = True,
+    ) -> None:
+        super().__init__()
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        d = spec.d_model
+        self.embed_scale = math.sqrt(d) if scale_embedding else 1.0
+        self.src_embed = nn.Embedding(vocab_size, d, padding_idx=pad_id)
+        self.tgt_embed = self.src_embed if share_embeddings else nn.Embedding(vocab_size, d, pad_id)
+        encoder = Encoder(
+            spec, encoding(Site.ENCODER, d, spec.n_heads, n_encoder_layers), n_encoder_layers
+        )
+        decoder = Decoder(
+            spec, encoding(Site.DECODER, d, spec.n_heads, n_decoder_layers), n_decoder_layers
+        )
+        self.transformer = nn.Transformer(
+            d_model=d,
+            nhead=spec.n_heads,
+            dim_feedforward=spec.d_ff,
+            dropout=spec.dropout,
+            custom_encoder=encoder,
+            custom_decoder=decoder,
+            batch_first=True,
+        )
+        self.output = nn.Linear(d, vocab_size, bias=False)
+        if tie_output:
+            self.output.weight = self.tgt_embed.weight
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Embeddings ~ N(0, d^-1/2) with a zero padding row; encodings re-initialise what
+        ``nn.Transformer``'s Xavier pass overwrote."""
+        d = self.src_embed.embedding_dim
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, std=d**-0.5)
+            with torch.no_grad():
+                emb.weight[self.pad_id].zero_()
+        if self.output.weight is not self.tgt_embed.weight:
+            nn.init.normal_(self.output.weight, std=d**-0.5)
+        for module in self.modules():
+            if isinstance(module, EncodingModule):
+                module.reset_parameters()
+
+    @property
+    def encoder(self) -> Encoder:
+        return self.transformer.encoder
+
+    @property
+    def decoder(self) -> Decoder:
+        return self.transformer.decoder
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits ``(B, Lt, V)`` for ``src (B, Ls)`` and ``tgt_in (B, Lt)``."""
+        src_pad = src.eq(self.pad_id)
+        hidden = self.transformer(
+            self.src_embed(src) * self.embed_scale,
+            self.tgt_embed(tgt_in) * self.embed_scale,
+            src_key_padding_mask=src_pad,
+            memory_key_padding_mask=src_pad,
+        )
+        return self.output(hidden)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """Memory ``(B, Ls, d)`` and source padding mask ``(B, Ls)`` for ``src (B, Ls)``."""
+        src_pad = src.eq(self.pad_id)
+        memory = self.encoder(self.src_embed(src) * self.embed_scale, src_key_padding_mask=src_pad)
+        return memory, src_pad
+
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_pad: Tensor, cache: DecoderCache | None = None
+    ) -> Tensor:
+        """Logits ``(B, Lt, V)`` for target tokens ``tgt (B, Lt)`` (only new ones with a cache)."""
+        hidden = self.decoder(
+            self.tgt_embed(tgt) * self.embed_scale,
+            memory,
+            memory_key_padding_mask=src_pad,
+            cache=cache,
+        )
+        return self.output(hidden)
+
+    @torch.no_grad()
+    def attention_maps(self, src: Tensor, tgt_in: Tensor, layer: int = 0) -> dict[str, Tensor]:
+        """Attention weights of ``layer`` for one teacher-forced pass, keyed ``encoder``
+        (self, ``(B, H, Ls, Ls)``), ``decoder`` (self, ``(B, H, Lt, Lt)``) and ``cross``
+        (``(B, H, Lt, Ls)``)."""
+        sites = {
+            "encoder": self.encoder.layers[layer].self_attn,
+            "decoder": self.decoder.layers[layer].self_attn,
+            "cross": self.decoder.layers[layer].cross_attn,
+        }
+        captured: dict[str, tuple] = {}
+
+        def grab(name: str):
+            def hook(module, args, kwargs):
+                captured[name] = (args, kwargs.get("memory"))
+
+            return hook
+
+        handles = [
+            attn.register_forward_pre_hook(grab(name), with_kwargs=True)
+            for name, attn in sites.items()
+        ]
+        was_training = self.training
+        self.eval()
+        try:
+            self(src, tgt_in)
+        finally:
+            for handle in handles:
+                handle.remove()
+            self.train(was_training)
+        return {
+            name: sites[name].attention_weights(*args, memory=memory)
+            for name, (args, memory) in captured.items()
+        }
+
+    @torch.no_grad()
+    def generate(
+        self,
+        src: Tensor,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        use_cache: bool = True,
+    ) -> list[list[int]]:
+        """Batched greedy decoding of ``src (B, Ls)``.
+
+        Each row may produce at most ``max_len_a * source_length + max_len_b`` tokens; decoding
+        stops once every row has produced EOS. With ``use_cache=False`` the decoder recomputes
+        the whole prefix at every step (a reference for the cache). Returns token ids per row,
+        without BOS and EOS.
+        """
+        was_training = self.training
+        self.eval()
+        memory, src_pad = self.encode(src)
+        src_lengths = (~src_pad).sum(dim=1)
+        limits = (src_lengths.float() * max_len_a + max_len_b).long()
+        batch = src.shape[0]
+        tokens = torch.full((batch, 1), self.bos_id, dtype=torch.long, device=src.device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
+        cache = DecoderCache() if use_cache else None
+        for step in range(int(limits.max())):
+            step_input = tokens[:, -1:] if use_cache else tokens
+            logits = self.decode(step_input, memory, src_pad, cache)[:, -1]
+            next_token = logits.argmax(dim=-1)
+            next_token = torch.where(finished, torch.full_like(next_token, self.pad_id), next_token)
+            next_token = torch.where(
+                ~finished & (step + 1 >= limits),
+                torch.full_like(next_token, self.eos_id),
+                next_token,
+            )
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+            finished |= next_token.eq(self.eos_id)
+            if bool(finished.all()):
+                break
+        self.train(was_training)
+        return [_strip(row, self.eos_id, self.pad_id) for row in tokens[:, 1:].tolist()]
+
+
+def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
+    """Cut a generated row at its first EOS and drop padding."""
+    if eos_id in ids:
+        ids = ids[: ids.index(eos_id)]
+    return [i for i in ids if i != pad_id]
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, each shared tensor counted once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

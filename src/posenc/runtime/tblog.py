@@ -1,0 +1,118 @@
+"""TensorBoard logging of a run: curves against steps and against training seconds.
+
+Tags under ``time/`` use whole seconds of training time (evaluation excluded) as their step, so
+loss-vs-time curves of different encodings compare directly. A resumed run first truncates the
+event files to the checkpoint (steps after it, seconds after it), so no step is logged twice.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+from tensorboard.compat.proto import event_pb2
+from tensorboard.summary.writer.record_writer import RecordWriter
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams
+
+from posenc.runtime.files import replacing
+
+TIME_PREFIX = "time/"
+RECORD_OVERHEAD = 16  # bytes of a TFRecord around its data: length, its CRC, the data's CRC
+
+
+def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
+    """Drop events logged after ``max_step`` (step tags) or ``max_seconds`` (``time/`` tags).
+
+    An event file with something to drop, or with a record cut short by a kill at its end, is
+    rewritten to a temporary file and renamed over the original (a truncation killed half-way
+    leaves a temporary file, deleted here the next time); the others are only read. Returns how
+    many scalar events were dropped.
+    """
+    for stale in log_dir.glob(".events.out.tfevents.*.tmp"):
+        stale.unlink(missing_ok=True)
+    dropped = 0
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        kept: list[bytes] = []
+        read = 0  # bytes of the whole records read
+        for raw in RawEventFileLoader(str(path)).Load():
+            read += len(raw) + RECORD_OVERHEAD
+            event = event_pb2.Event.FromString(raw)
+            tags = [v.tag for v in event.summary.value]
+            limit = max_seconds if tags and tags[0].startswith(TIME_PREFIX) else max_step
+            if tags and event.step > limit:
+                dropped += 1
+                continue
+            kept.append(raw)
+        if len(kept) * RECORD_OVERHEAD + sum(map(len, kept)) == read == path.stat().st_size:
+            continue  # nothing dropped, no partial record at the end: leave the file alone
+        with replacing(path, "wb") as handle:
+            writer = RecordWriter(handle)
+            for raw in kept:
+                writer.write(raw)
+            writer.flush()
+    return dropped
+
+
+def _file_second(path: Path) -> int:
+    """The whole second in an event file's name (``events.out.tfevents.SECOND.host.pid.n``)."""
+    try:
+        return int(path.name.split(".")[3])
+    except (IndexError, ValueError):
+        return 0
+
+
+def wait_for_a_later_second(log_dir: Path) -> None:
+    """Return once the clock is past the second in every event file name in ``log_dir``.
+
+    TensorBoard reads a directory's event files in name order and names start with the whole
+    second the writer opened. A writer opened in the same second as an earlier one is ordered by
+    process id instead, so a run resumed within a second of its start could be read before the
+    steps it continues (at most a one-second wait, and only then).
+    """
+    latest = max((_file_second(p) for p in log_dir.glob("events.out.tfevents.*")), default=0)
+    while int(time.time()) <= latest:
+        time.sleep(0.05)
+
+
+class RunLogger:
+    """The TensorBoard writer of one run directory (``RUN/tb``)."""
+
+    def __init__(self, log_dir: Path, resume_step: int = 0, resume_seconds: float = 0.0) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        truncate_events(log_dir, resume_step, int(resume_seconds))
+        wait_for_a_later_second(log_dir)
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+        # seconds already logged before a resume (kept by the truncation); -1 for a new run
+        done = int(resume_seconds) if resume_step > 0 else -1
+        self._last_second = {"train_loss": done, "valid_loss": done}
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Log ``values`` (tag -> value) at training ``step``."""
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def against_time(self, name: str, value: float, seconds: float) -> None:
+        """Log ``time/NAME`` at whole training seconds, at most once per second per name."""
+        second = int(seconds)
+        if second > self._last_second.get(name, -1):
+            self.writer.add_scalar(TIME_PREFIX + name, value, second)
+            self._last_second[name] = second
+
+    def image(self, tag: str, image, step: int) -> None:
+        """An ``(H, W, 3)`` uint8 array or figure rendered elsewhere."""
+        self.writer.add_image(tag, image, step, dataformats="HWC")
+
+    def hparams(self, params: dict, metrics: dict[str, float], step: int) -> None:
+        """The HParams tab entry of this run, written into the run's own event file."""
+        exp, ssi, sei = hparams(params, metrics)
+        file_writer = self.writer._get_file_writer()
+        for summary in (exp, ssi, sei):
+            file_writer.add_summary(summary, step)
+        for tag, value in metrics.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()

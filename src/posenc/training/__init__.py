@@ -1,0 +1,2 @@
+"""Training: the loop, where it starts (scratch, resume, fine-tune), the losses shared with
+evaluation, and the optimizer."""

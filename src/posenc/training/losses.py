@@ -1,0 +1,83 @@
+"""Teacher-forced losses, shared by training, validation, evaluation and the benchmark: the
+training loss of a batch, and the NLL of every sentence pair (validation averages it)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from posenc.data.batching import TokenBatcher, collate
+from posenc.data.tokenizer import Tokenizer
+from posenc.model.seq2seq import Seq2Seq
+
+
+def token_loss(
+    model: Seq2Seq, batch: tuple[torch.Tensor, ...], pad_id: int, smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Summed label-smoothed loss, summed NLL and the number of target tokens of a batch
+    ``(src (B, S), tgt_in (B, T), tgt_out (B, T))``."""
+    src, tgt_in, tgt_out = batch
+    logits = model(src, tgt_in).float()
+    flat_logits, flat_gold = logits.view(-1, logits.shape[-1]), tgt_out.view(-1)
+    loss = F.cross_entropy(
+        flat_logits, flat_gold, ignore_index=pad_id, label_smoothing=smoothing, reduction="sum"
+    )
+    nll = F.cross_entropy(flat_logits, flat_gold, ignore_index=pad_id, reduction="sum")
+    return loss, nll, int(tgt_out.ne(pad_id).sum())
+
+
+@torch.no_grad()
+def sentence_losses(
+    model: Seq2Seq,
+    tokenizer: Tokenizer,
+    sources: list[list[int]],
+    targets: list[list[int]],
+    batch_tokens: int,
+    device: torch.device,
+    amp: torch.dtype | None = None,
+) -> tuple[list[float], list[int]]:
+    """Summed teacher-forced NLL and target token count (EOS included) of every pair, in
+    evaluation mode (the model's mode is restored); ``amp`` = autocast dtype or None."""
+    was_training = model.training
+    model.eval()
+    batcher = TokenBatcher(
+        [len(s) for s in sources], [len(t) for t in targets], batch_tokens, shuffle=False
+    )
+    nll = [0.0] * len(sources)
+    count = [0] * len(sources)
+    for indices in batcher.batches(0):
+        src, tgt_in, tgt_out = (
+            t.to(device)
+            for t in collate(
+                [sources[i] for i in indices],
+                [targets[i] for i in indices],
+                tokenizer.pad_id,
+                tokenizer.bos_id,
+                tokenizer.eos_id,
+            )
+        )
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            logits = model(src, tgt_in).float()
+        token_nll = F.cross_entropy(
+            logits.transpose(1, 2), tgt_out, ignore_index=tokenizer.pad_id, reduction="none"
+        )
+        rows_nll = token_nll.sum(1).tolist()
+        rows_count = tgt_out.ne(tokenizer.pad_id).sum(1).tolist()
+        for row, i in enumerate(indices):
+            nll[i], count[i] = rows_nll[row], int(rows_count[row])
+    model.train(was_training)
+    return nll, count
+
+
+def validation_loss(
+    model: Seq2Seq,
+    sources: list[list[int]],
+    targets: list[list[int]],
+    tokenizer: Tokenizer,
+    max_tokens: int,
+    device: torch.device,
+    amp: torch.dtype | None,
+) -> float:
+    """Token-level mean NLL (no label smoothing) over the validation pairs."""
+    nll, count = sentence_losses(model, tokenizer, sources, targets, max_tokens, device, amp)
+    return sum(nll) / max(sum(count), 1)

@@ -1,0 +1,133 @@
+"""Where training starts: from scratch, from a checkpoint to resume (checked to be the same
+encoding, model and tokenizer), or from weights to fine-tune; and what a checkpoint holds so a
+resume continues exactly where the run stopped (weights, optimizer, schedule, RNG states)."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from posenc.config import differences, paste
+from posenc.runtime import checkpoint
+
+
+class RunMismatchError(checkpoint.CheckpointError):
+    """The checkpoint to resume from was trained with other ``pe``, ``model`` or ``tokenizer``
+    settings; nothing is written (the run directory may belong to that other run)."""
+
+
+@dataclass
+class Start:
+    """Where training starts: a checkpoint to resume (``resume``), weights to fine-tune from
+    (``init_from``), or neither (from scratch). ``payload`` is the loaded checkpoint."""
+
+    path: Path | None = None
+    payload: dict[str, Any] | None = None
+    fine_tune: bool = False
+
+
+def checkpoint_payload(model, optimizer, scheduler, state: TrainState, cfg: DictConfig) -> dict:
+    """Everything a resume needs, as tensors and plain values only (weights-only loadable)."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "state": asdict(state),
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "numpy": [name, keys.tolist(), int(position), int(has_gauss), float(cached_gaussian)],
+        },
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def does_not_fit(path: Path, err: Exception) -> checkpoint.CheckpointError:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    detail = lines[1] if len(lines) > 1 and lines[0].endswith(":") else str(err)
+    return checkpoint.CheckpointError(
+        f"checkpoint {path} does not fit this run ({type(err).__name__}: {detail[:200]}); "
+        "point trainer.resume or trainer.init_from elsewhere"
+    )
+
+
+def restore(path: Path, payload: dict[str, Any], model, optimizer, scheduler) -> TrainState:
+    try:
+        model.load_state_dict(payload["model"])
+        optimizer.load_state_dict(payload["optimizer"])
+        scheduler.load_state_dict(payload["scheduler"])
+        torch.set_rng_state(payload["rng"]["torch"])
+        random.setstate(payload["rng"]["python"])
+        name, keys, position, has_gauss, cached_gaussian = payload["rng"]["numpy"]
+        np.random.set_state(
+            (name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached_gaussian)
+        )
+        return TrainState(**payload["state"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise does_not_fit(path, err) from err
+
+
+def find_start(cfg: DictConfig, run_dir: Path) -> Start:
+    """The checkpoint this run resumes (``trainer.resume``, else ``RUN/checkpoints/last.pt``),
+    checked to be the same encoding, model and tokenizer; else the weights of
+    ``trainer.init_from`` to fine-tune from; else a start from scratch.
+
+    Raises:
+        RunMismatchError: the checkpoint to resume was trained with other settings.
+        CheckpointError: a checkpoint is missing, corrupt or unsafe.
+    """
+    path = _resume_path(cfg, run_dir)
+    if path is not None:
+        payload = checkpoint.load(path)
+        changed = differences(
+            payload.get("config") or {}, OmegaConf.to_container(cfg, resolve=True)
+        )
+        if changed:
+            raise RunMismatchError(
+                f"checkpoint {path} was trained with {'; '.join(changed[:3])}"
+                f"{' and more' if len(changed) > 3 else ''}; resume it with its own settings, "
+                f"start a new run (another name=), or fine-tune from its weights with "
+                f"{paste('trainer.init_from', path)}"
+            )
+        return Start(path, payload)
+    if cfg.trainer.get("init_from"):
+        path = Path(cfg.trainer.init_from).expanduser()
+        return Start(path, checkpoint.load(path), fine_tune=True)
+    return Start()
+
+
+def rank_seed(seed: int, rank: int, step: int) -> int:
+    """The torch seed of rank ``rank`` > 0 from ``step`` on, so ranks draw different dropout."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+
+
+def _resume_path(cfg: DictConfig, run_dir: Path) -> Path | None:
+    if cfg.trainer.resume:
+        return Path(cfg.trainer.resume).expanduser()
+    last = run_dir / "checkpoints" / "last.pt"
+    return last if last.exists() else None
+
+
+@dataclass
+class TrainState:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    train_seconds: float = 0.0
+    tokens: int = 0
+    best_valid_loss: float = math.inf
+    skipped_batches: int = 0
+    peak_memory_mb: float = 0.0
+    finished: bool = False
+    world_size: int = 1  # processes that trained together (batch_in_epoch counts one's batches)
+    history: list[dict[str, float]] = field(default_factory=list)
