@@ -30,6 +30,42 @@ from typing import Any
 #: the repository's Hydra configs (``configs/``)
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
+#: settings that change how or where a run executes, never what it computes: runs that differ only
+#: in these are the same system (the report groups them as seeds of one encoding)
+RUN_CONTROL_KEYS = frozenset(
+    {
+        "seed",
+        "name",
+        "cache_dir",
+        "device",
+        "threads",
+        "objective",
+        "reference_pe",
+        "trainer.resume",
+        "trainer.progress",
+        "trainer.log_every",
+        "eval.splits",
+    }
+)
+#: settings no result depends on, left out of reports (where this machine caches tokenizers)
+UNREPORTED_KEYS = frozenset({"cache_dir"})
+#: the training length limits a configuration can set, with the unit each counts in (the report
+#: draws them on its length-bucket figure)
+LENGTH_LIMITS = {
+    "trainer.max_positions": "tokens incl. EOS",
+    "trainer.max_source_tokens": "source tokens",
+    "data.clean.max_words": "words",
+    "data.max_len": "symbols",
+}
+
+
+def reference_encoding(config_dir: Path = CONFIG_DIR) -> str:
+    """The encoding that cost ratios are measured against (``reference_pe`` in
+    ``configs/train.yaml``); a report reads it from its runs' own configs instead."""
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.load(config_dir / "train.yaml").reference_pe)
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -109,6 +145,7 @@ SETTINGS: dict[str, Setting] = {
     "device": Setting("str"),
     "objective": Setting("str", optional=True, choices=("valid_loss",)),
     "name": Setting("str"),
+    "reference_pe": Setting("str"),
     "model.d_model": POSITIVE,
     "model.n_heads": POSITIVE,
     "model.d_ff": POSITIVE,
