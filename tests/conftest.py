@@ -9,8 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from posenc.config import ModelConfig
 from posenc.model.encodings import encoding_factory
-from posenc.model.layers import LayerSpec
 from posenc.model.seq2seq import Seq2Seq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +37,16 @@ def tiny_model(
 ) -> Seq2Seq:
     """A small Seq2Seq (pad 0, bos 1, eos 2) with encoding ``name``, dropout off."""
     torch.manual_seed(seed)
-    spec = LayerSpec(d_model=d_model, n_heads=n_heads, d_ff=2 * d_model, dropout=0.0)
+    config = ModelConfig(
+        d_model=d_model,
+        n_heads=n_heads,
+        d_ff=2 * d_model,
+        dropout=0.0,
+        encoder_layers=layers,
+        decoder_layers=layers,
+    )
     factory = encoding_factory(pe_config(name, **pe_overrides))
-    return Seq2Seq(vocab, 0, 1, 2, spec, layers, layers, factory)
+    return Seq2Seq(vocab, 0, 1, 2, config, factory)
 
 
 # Tiny test models only lose from thread contention on small machines.

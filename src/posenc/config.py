@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 #: the repository's Hydra configs (``configs/``)
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -72,7 +72,8 @@ class Setting:
     """What one setting accepts.
 
     Attributes:
-        kind: ``int``, ``number`` (int or float), ``bool``, ``str`` or ``pair`` (two numbers).
+        kind: ``int``, ``number`` (int or float), ``bool``, ``str``, ``pair`` (two numbers),
+            ``list`` or ``mapping``.
         low, high: inclusive bounds for numbers (``None`` = unbounded); ``high_open`` excludes
             ``high``.
         optional: whether ``null`` is accepted.
@@ -94,6 +95,10 @@ class Setting:
             text = "true or false"
         elif self.kind == "str":
             text = "a string"
+        elif self.kind == "list":
+            text = "a list"
+        elif self.kind == "mapping":
+            text = "a mapping {key: value}"
         elif self.kind == "pair":
             text = f"a list of two numbers in [{self.low}, {self.high})"
         else:
@@ -112,6 +117,10 @@ class Setting:
             return isinstance(value, bool)
         if self.kind == "str":
             return isinstance(value, str) and (not self.choices or value in self.choices)
+        if self.kind == "list":
+            return isinstance(value, list | tuple)
+        if self.kind == "mapping":
+            return isinstance(value, Mapping)
         if self.kind == "pair":
             return (
                 isinstance(value, list | tuple)
@@ -135,58 +144,167 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-POSITIVE = Setting("int", low=1)
-PROBABILITY = Setting("number", low=0, high=1, high_open=True)
-FLAG = Setting("bool")
+POSITIVE = {"kind": "int", "low": 1}
+PROBABILITY = {"kind": "number", "low": 0, "high": 1, "high_open": True}
 
+
+def setting(kind: str, default: Any = MISSING, **accepts: Any) -> Any:
+    """A dataclass field of a config group: what it accepts (a :class:`Setting`) and its default
+    (none: the group's YAML must give it)."""
+    return field(default=default, metadata={"setting": Setting(kind, **accepts)})
+
+
+class ConfigGroup:
+    """Base of the typed description of one config group: one dataclass field per key of its
+    YAML files, each with the :class:`Setting` it accepts."""
+
+    GROUP: ClassVar[str]
+
+    @classmethod
+    def settings(cls) -> dict[str, Setting]:
+        """``{"group.key": Setting}`` for every key of the group."""
+        prefix = f"{cls.GROUP}." if cls.GROUP else ""
+        return {f"{prefix}{f.name}": f.metadata["setting"] for f in fields(cls)}
+
+    @classmethod
+    def of(cls, node: Mapping) -> Self:
+        """The group as a checked, typed object from its config node (a DictConfig or a dict).
+
+        Raises:
+            ValueError: one line naming an unknown key, a missing key or a value that does not
+                fit (with what it must be).
+        """
+        values = plain(node)
+        known = {f.name for f in fields(cls)}
+        prefix = f"{cls.GROUP}." if cls.GROUP else ""
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"{prefix}{unknown[0]} is not a {cls.GROUP} setting; the settings are "
+                f"{', '.join(sorted(known))}"
+            )
+        missing = [f.name for f in fields(cls) if f.name not in values and _required(f)]
+        if missing:
+            raise ValueError(f"{prefix}{missing[0]} is missing; set it in configs/{cls.GROUP}/")
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        """Refuse a value that does not fit (one line: key, value, what it must be)."""
+        for key, accepted in type(self).settings().items():
+            value = getattr(self, key.rsplit(".", 1)[-1])
+            if not accepted.accepts(value):
+                raise ValueError(f"{key}={value!r} must be {accepted.describe()}")
+
+
+def _required(f: Field) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig(ConfigGroup):
+    """``configs/model/*.yaml``: the network's shape and regularisation, shared by every layer.
+
+    Defaults exist only for the switches whose conventional value every model config keeps; the
+    shape must come from the YAML."""
+
+    GROUP: ClassVar[str] = "model"
+    d_model: int = setting(**POSITIVE)
+    n_heads: int = setting(**POSITIVE)
+    d_ff: int = setting(**POSITIVE)
+    encoder_layers: int = setting(**POSITIVE)
+    decoder_layers: int = setting(**POSITIVE)
+    dropout: float = setting(**PROBABILITY)
+    attn_dropout: float = setting(**PROBABILITY, default=0.0)
+    activation: str = setting("str", choices=("relu", "gelu"), default="relu")
+    norm_first: bool = setting("bool", default=True)
+    share_embeddings: bool = setting("bool", default=True)
+    tie_output: bool = setting("bool", default=True)
+    scale_embedding: bool = setting("bool", default=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig(ConfigGroup):
+    """``configs/trainer/*.yaml``: budget, batches, optimizer, schedule, logging and the way a
+    run starts (see the YAML's comments for each key)."""
+
+    GROUP: ClassVar[str] = "trainer"
+    max_steps: int | None = setting("int", low=1, optional=True)
+    max_time: float | None = setting("number", low=0, optional=True)
+    max_tokens: int = setting(**POSITIVE)
+    accumulate: int = setting(**POSITIVE)
+    max_positions: int | None = setting("int", low=1, optional=True)
+    max_source_tokens: int | None = setting("int", low=1, optional=True)
+    lr: float = setting("number", low=0)
+    betas: tuple[float, float] = setting("pair", low=0, high=1)
+    weight_decay: float = setting("number", low=0)
+    schedule: str = setting("str")
+    warmup_steps: int = setting("int", low=0)
+    min_lr_ratio: float = setting("number", low=0, high=1)
+    label_smoothing: float = setting(**PROBABILITY)
+    clip_norm: float | None = setting("number", low=0, optional=True)
+    valid_every: int = setting(**POSITIVE)
+    log_every: int = setting(**POSITIVE)
+    precision: str = setting("str", choices=("auto", "fp32", "bf16"))
+    nan_policy: str = setting("str", choices=("stop", "skip"))
+    resume: str | None = setting("str", optional=True)
+    init_from: str | None = setting("str", optional=True)
+    progress: bool = setting("bool")
+
+    def budget_spent(self, steps: int, seconds: float) -> bool:
+        """Whether ``steps`` optimizer steps and ``seconds`` of training spend the budget
+        (``max_steps`` or ``max_time``, whichever comes first)."""
+        return (self.max_steps is not None and steps >= self.max_steps) or (
+            self.max_time is not None and seconds >= self.max_time
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig(ConfigGroup):
+    """``configs/eval/*.yaml``: which splits are decoded and scored, and how."""
+
+    GROUP: ClassVar[str] = "eval"
+    enabled: bool = setting("bool")
+    splits: list[str] = setting("list")
+    checkpoint: str = setting("str", choices=("best", "last"))
+    batch_tokens: int = setting(**POSITIVE)
+    max_len_a: float = setting("number", low=0)
+    max_len_b: int = setting("int", low=0)
+    use_cache: bool = setting("bool")
+    max_sentences: int | None = setting("int", low=1, optional=True)
+    length_buckets: list[int] = setting("list")
+    bertscore: dict[str, Any] = setting("mapping")
+    pe_variants: dict[str, Any] = setting("mapping")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings(ConfigGroup):
+    """The top-level keys of ``configs/train.yaml`` (the groups aside)."""
+
+    GROUP: ClassVar[str] = ""
+    name: str = setting("str")
+    seed: int = setting("int", low=0)
+    device: str = setting("str")
+    threads: int | None = setting("int", low=1, optional=True)
+    objective: str | None = setting("str", optional=True, choices=("valid_loss",))
+    reference_pe: str = setting("str")
+    cache_dir: str = setting("str")
+
+
+#: the typed config groups; ``data``, ``tokenizer`` and ``pe`` are checked by the code that
+#: reads them (their keys depend on ``data.kind``, ``tokenizer.kind`` and the encoding)
+CONFIG_GROUPS: tuple[type[ConfigGroup], ...] = (RunSettings, ModelConfig, TrainerConfig, EvalConfig)
 SETTINGS: dict[str, Setting] = {
-    "seed": Setting("int", low=0),
-    "threads": Setting("int", low=1, optional=True),
-    "device": Setting("str"),
-    "objective": Setting("str", optional=True, choices=("valid_loss",)),
-    "name": Setting("str"),
-    "reference_pe": Setting("str"),
-    "model.d_model": POSITIVE,
-    "model.n_heads": POSITIVE,
-    "model.d_ff": POSITIVE,
-    "model.encoder_layers": POSITIVE,
-    "model.decoder_layers": POSITIVE,
-    "model.dropout": PROBABILITY,
-    "model.attn_dropout": PROBABILITY,
-    "model.activation": Setting("str"),
-    "model.norm_first": FLAG,
-    "model.share_embeddings": FLAG,
-    "model.tie_output": FLAG,
-    "model.scale_embedding": FLAG,
-    "trainer.max_steps": Setting("int", low=1, optional=True),
-    "trainer.max_time": Setting("number", low=0, optional=True),
-    "trainer.max_tokens": POSITIVE,
-    "trainer.accumulate": POSITIVE,
-    "trainer.max_positions": Setting("int", low=1, optional=True),
-    "trainer.max_source_tokens": Setting("int", low=1, optional=True),
-    "trainer.lr": Setting("number", low=0),
-    "trainer.betas": Setting("pair", low=0, high=1),
-    "trainer.weight_decay": Setting("number", low=0),
-    "trainer.schedule": Setting("str"),
-    "trainer.warmup_steps": Setting("int", low=0),
-    "trainer.min_lr_ratio": Setting("number", low=0, high=1),
-    "trainer.label_smoothing": PROBABILITY,
-    "trainer.clip_norm": Setting("number", low=0, optional=True),
-    "trainer.valid_every": POSITIVE,
-    "trainer.log_every": POSITIVE,
-    "trainer.precision": Setting("str", choices=("auto", "fp32", "bf16")),
-    "trainer.nan_policy": Setting("str", choices=("stop", "skip")),
-    "trainer.resume": Setting("str", optional=True),
-    "trainer.init_from": Setting("str", optional=True),
-    "trainer.progress": FLAG,
-    "eval.enabled": FLAG,
-    "eval.checkpoint": Setting("str", choices=("best", "last")),
-    "eval.batch_tokens": POSITIVE,
-    "eval.max_len_a": Setting("number", low=0),
-    "eval.max_len_b": Setting("int", low=0),
-    "eval.use_cache": FLAG,
-    "eval.max_sentences": Setting("int", low=1, optional=True),
+    key: accepted for group in CONFIG_GROUPS for key, accepted in group.settings().items()
 }
+
+
+def plain(node: Mapping) -> dict:
+    """A config node as a plain, resolved dict."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=True)
+    return dict(node)
 
 
 def _lookup(cfg: Mapping, dotted: str) -> tuple[bool, Any]:

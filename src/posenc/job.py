@@ -6,7 +6,6 @@ rank 0 alone writes the run directory and evaluates (see :mod:`posenc.runtime.di
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from math import inf
@@ -18,13 +17,14 @@ from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from posenc.config import TrainerConfig
 from posenc.data.corpus import DataError
 from posenc.evaluation.evaluate import evaluate
 from posenc.runtime import distributed
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.device import resolve_device
-from posenc.runtime.files import read_json
-from posenc.training.loop import TrainingError, budget_spent, train
+from posenc.runtime.rundir import RunDir
+from posenc.training.loop import TrainingError, train
 from posenc.training.start import RunMismatchError, find_start
 
 log = logging.getLogger("posenc")
@@ -53,14 +53,14 @@ def hydra_job() -> tuple[Path, bool]:
     return Path(hydra_cfg.runtime.output_dir), hydra_cfg.mode == RunMode.MULTIRUN
 
 
-def finished_metrics(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
+def finished_metrics(cfg: DictConfig, run_dir: RunDir) -> dict[str, Any] | None:
     """The metrics of a run in ``run_dir`` that is trained to the budget of ``cfg`` and
     evaluated at its last step, or None when something is missing or unfinished."""
-    metrics = read_json(run_dir / "metrics.json")
-    summary = read_json(run_dir / "train_summary.json")
+    metrics, summary = run_dir.metrics(), run_dir.summary()
     if metrics is None or summary is None or metrics.get("step") != summary.get("steps"):
         return None
-    spent = budget_spent(summary.get("steps", 0), summary.get("train_seconds", 0.0), cfg.trainer)
+    trainer = TrainerConfig.of(cfg.trainer)
+    spent = trainer.budget_spent(summary.get("steps", 0), summary.get("train_seconds", 0.0))
     return metrics if spent else None
 
 
@@ -70,9 +70,9 @@ def objective(cfg: DictConfig, run_dir: Path) -> float | None:
     search moves away from it); None when ``cfg.objective`` is null."""
     if cfg.get("objective") is None:
         return None
-    summary = read_json(run_dir / "train_summary.json") or {}
-    loss = summary.get("best_valid_loss")
-    return float(loss) if loss is not None and not (run_dir / "failed.json").exists() else inf
+    run = RunDir(run_dir)
+    loss = (run.summary() or {}).get("best_valid_loss")
+    return float(loss) if loss is not None and not run.failure_file.exists() else inf
 
 
 def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any] | None:
@@ -84,32 +84,33 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
     then exits with status 1, while a multirun goes on with its other jobs. Under torchrun the
     ranks train together and rank 0 returns the metrics (the others return None).
     """
+    directory = RunDir(run_dir)
     try:
-        return _run(cfg, run_dir, multirun)
+        return _run(cfg, directory, multirun)
     finally:
+        directory.close()
         distributed.teardown()
 
 
-def _run(cfg: DictConfig, run_dir: Path, multirun: bool) -> dict[str, Any] | None:
+def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | None:
     _absolute_paths(cfg)
-    failure_path = run_dir / "failed.json"
     try:
         distributed.setup(resolve_device(cfg.device))
         start = find_start(cfg, run_dir)  # before anything is written: the run may be another's
         if distributed.is_main():
-            run_dir.mkdir(parents=True, exist_ok=True)
-            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-            failure_path.unlink(missing_ok=True)
+            run_dir.path.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(cfg, run_dir.config, resolve=True)
+            run_dir.failure_file.unlink(missing_ok=True)
         done = finished_metrics(cfg, run_dir)
         if done is not None:
-            log.info("%s is already trained and evaluated; nothing to do", run_dir)
+            log.info("%s is already trained and evaluated; nothing to do", run_dir.path)
             return done if distributed.is_main() else None
         summary = train(cfg, run_dir, start)
         if not distributed.is_main():
             return None
-        metrics = read_json(run_dir / "metrics.json")
+        metrics = run_dir.metrics()
         if metrics is not None and metrics.get("step") == summary["steps"]:
-            log.info("%s is already trained and evaluated; nothing to do", run_dir)
+            log.info("%s is already trained and evaluated; nothing to do", run_dir.path)
             return metrics
         if not cfg.eval.enabled:
             return None
@@ -117,8 +118,7 @@ def _run(cfg: DictConfig, run_dir: Path, multirun: bool) -> dict[str, Any] | Non
     except USER_ERRORS as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         if distributed.is_main() and not isinstance(err, RunMismatchError):
-            run_dir.mkdir(parents=True, exist_ok=True)
-            failure_path.write_text(json.dumps({"error": type(err).__name__, "message": message}))
+            run_dir.record_failure(type(err).__name__, message)
         log.error("%s: %s", type(err).__name__, message)
         if multirun:
             return None  # the sweep goes on; the report lists this run as failed
@@ -130,14 +130,12 @@ def _run(cfg: DictConfig, run_dir: Path, multirun: bool) -> dict[str, Any] | Non
         cfg.pe.name,
         first.get("bleu"),
         first.get("chrf"),
-        run_dir,
+        run_dir.path,
     )
     return metrics
 
 
-def _log_hparams(cfg: DictConfig, run_dir: Path, metrics: dict[str, Any]) -> None:
-    from posenc.runtime.tblog import RunLogger
-
+def _log_hparams(cfg: DictConfig, run_dir: RunDir, metrics: dict[str, Any]) -> None:
     train_info = metrics.get("train", {})
     values = {"hparam/valid_loss": train_info.get("best_valid_loss")}
     for split, m in metrics["splits"].items():
@@ -158,6 +156,4 @@ def _log_hparams(cfg: DictConfig, run_dir: Path, metrics: dict[str, Any]) -> Non
         "tokenizer": cfg.tokenizer.kind,
     }
     step = metrics["step"]
-    logger = RunLogger(run_dir / "tb", resume_step=step, resume_seconds=1e12)
-    logger.hparams(params, values, step)
-    logger.close()
+    run_dir.logger(resume_step=step, resume_seconds=1e12).hparams(params, values, step)

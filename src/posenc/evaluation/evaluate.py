@@ -31,8 +31,8 @@ from posenc.evaluation.metrics import BertScore, bleu_chrf, length_buckets
 from posenc.model.factory import load_run_model, variant_model
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime.device import resolve_device
-from posenc.runtime.files import read_json, write_json
-from posenc.runtime.tblog import RunLogger
+from posenc.runtime.files import write_json
+from posenc.runtime.rundir import RunDir, as_run_dir
 from posenc.training.losses import sentence_losses
 
 log = logging.getLogger("posenc.evaluation.evaluate")
@@ -113,34 +113,38 @@ def evaluate_split(
 EVALUATION_FILES = ("metrics.json", "hypotheses.*.txt", "references.*.txt", "attention.*")
 
 
-def archive_evaluation(run_dir: Path, step: int) -> Path | None:
+def archive_evaluation(run_dir: RunDir, step: int) -> Path | None:
     """Move the run's own evaluation of another step than ``step`` to ``RUN/evals/step=N/``,
     so a continued run's new evaluation replaces nothing; returns where it went."""
-    previous = read_json(run_dir / "metrics.json")
+    previous = run_dir.metrics()
     if previous is None or previous.get("step") == step:
         return None
-    target = run_dir / "evals" / f"step={previous.get('step')}"
+    target = run_dir.evals / f"step={previous.get('step')}"
     target.mkdir(parents=True, exist_ok=True)
     for pattern in EVALUATION_FILES:
-        for path in run_dir.glob(pattern):
+        for path in run_dir.path.glob(pattern):
             path.replace(target / path.name)
     log.info("the evaluation at step %s moved to %s", previous.get("step"), target)
     return target
 
 
 def evaluate(
-    cfg: DictConfig, run_dir: Path, out_dir: Path | None = None, loaded: tuple | None = None
+    cfg: DictConfig,
+    run_dir: Path | RunDir,
+    out_dir: Path | None = None,
+    loaded: tuple | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``run_dir`` on ``cfg.eval.splits``; writes ``metrics.json`` and the other
     files into ``out_dir`` (default: the run directory, whose earlier evaluation of another step
     is archived first) and returns the metrics. ``loaded`` is :func:`load_run_model`'s answer
     when the caller has it already."""
     device = resolve_device(cfg.device)
+    run_dir = as_run_dir(run_dir)
     if loaded is None:
-        loaded = load_run_model(run_dir, cfg, cfg.eval.checkpoint, device)
+        loaded = load_run_model(run_dir.path, cfg, cfg.eval.checkpoint, device)
     tokenizer, model, step, path = loaded
     own = out_dir is None
-    out_dir = run_dir if own else out_dir
+    out_dir = run_dir.path if own else out_dir
     if own:
         archive_evaluation(run_dir, step)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -181,9 +185,9 @@ def evaluate(
             },
         }
     _save_attention_example(
-        model, tokenizer, corpora[splits[0]], cfg, out_dir, device, step, log_to=run_dir
+        model, tokenizer, corpora[splits[0]], cfg, out_dir, device, step, run_dir if own else None
     )
-    summary = read_json(run_dir / "train_summary.json")
+    summary = run_dir.summary()
     if summary is not None:
         metrics["train"] = summary
     write_json(out_dir / "metrics.json", metrics)
@@ -198,10 +202,10 @@ def _save_attention_example(
     out_dir: Path,
     device: torch.device,
     step: int,
-    log_to: Path,
+    log_to: RunDir | None,
 ) -> None:
     """Layer-0 attention of the first sentence pair of ``corpus`` -> npz and PNG in
-    ``out_dir``; also to the run's TensorBoard when ``out_dir`` is the run ``log_to`` itself."""
+    ``out_dir``; also to the TensorBoard of run ``log_to`` when given."""
     maps = example_attention(model, tokenizer, corpus.src[0], corpus.tgt[0], device)
     np.savez_compressed(out_dir / "attention.npz", **maps)
     image = plot_attention(
@@ -209,7 +213,5 @@ def _save_attention_example(
         f"{cfg.pe.name}: layer-0 attention on '{corpus.src[0][:60]}'",
         out_dir / "attention.png",
     )
-    if out_dir == log_to:
-        logger = RunLogger(log_to / "tb", resume_step=step, resume_seconds=1e12)
-        logger.image("attention/layer0", image, step)
-        logger.close()
+    if log_to is not None:
+        log_to.logger(resume_step=step, resume_seconds=1e12).image("attention/layer0", image, step)

@@ -9,10 +9,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.config import CONFIG_DIR
+from posenc.config import CONFIG_DIR, ModelConfig, plain, reference_encoding
 from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.model.encodings import encoding_factory
-from posenc.model.layers import LayerSpec
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime import checkpoint
 
@@ -20,9 +19,11 @@ PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
 
 def encoding_names(config_dir: Path = CONFIG_DIR) -> list[str]:
-    """Names of every ``configs/pe/*.yaml``, ``nonepe`` first, then alphabetical."""
+    """Names of every ``configs/pe/*.yaml``: the reference encoding (``reference_pe`` in
+    ``configs/train.yaml``, what cost ratios are measured against) first, then alphabetical."""
+    reference = reference_encoding(config_dir)
     names = sorted(p.stem for p in (config_dir / "pe").glob("*.yaml"))
-    return sorted(names, key=lambda name: name != "nonepe")
+    return sorted(names, key=lambda name: name != reference)
 
 
 def select_encodings(spec: str | None, config_dir: Path = CONFIG_DIR) -> list[str]:
@@ -61,29 +62,14 @@ def build_named_model(
 
 
 def build_model(cfg: DictConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> Seq2Seq:
-    """The Seq2Seq of ``cfg.model`` with encoding ``cfg.pe``."""
-    m = cfg.model
-    spec = LayerSpec(
-        d_model=m.d_model,
-        n_heads=m.n_heads,
-        d_ff=m.d_ff,
-        dropout=m.dropout,
-        attn_dropout=m.attn_dropout,
-        activation=m.activation,
-        norm_first=m.norm_first,
-    )
+    """The Seq2Seq of ``cfg.model`` (checked by :class:`ModelConfig`) with encoding ``cfg.pe``."""
     return Seq2Seq(
-        vocab_size=vocab_size,
-        pad_id=pad_id,
-        bos_id=bos_id,
-        eos_id=eos_id,
-        spec=spec,
-        n_encoder_layers=m.encoder_layers,
-        n_decoder_layers=m.decoder_layers,
-        encoding=encoding_factory(OmegaConf.to_container(cfg.pe, resolve=True)),
-        share_embeddings=m.share_embeddings,
-        tie_output=m.tie_output,
-        scale_embedding=m.scale_embedding,
+        vocab_size,
+        pad_id,
+        bos_id,
+        eos_id,
+        ModelConfig.of(cfg.model),
+        encoding_factory(plain(cfg.pe)),
     )
 
 

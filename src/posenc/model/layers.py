@@ -1,5 +1,5 @@
-"""Encoder and decoder layers and the stacks handed to ``nn.Transformer`` as
-``custom_encoder`` / ``custom_decoder``. Each stack owns its :class:`StackEncoding`, applies its
+"""Encoder and decoder layers and the stacks that :mod:`posenc.model.transformer` places inside
+``nn.Transformer``. Each stack owns its :class:`StackEncoding`, applies its
 input-level part, computes its per-forward context once, and gives every layer its rule."""
 
 from __future__ import annotations
@@ -10,41 +10,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posenc.config import ModelConfig
 from posenc.model.attention import KVCache, MultiHeadAttention
 from posenc.model.encodings.base import AttentionCall, StackEncoding
-
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
-
-
-@dataclass
-class LayerSpec:
-    """Shape and regularisation shared by every layer of a model."""
-
-    d_model: int
-    n_heads: int
-    d_ff: int
-    dropout: float = 0.1
-    attn_dropout: float = 0.0
-    activation: str = "relu"
-    norm_first: bool = True
-
-    def __post_init__(self) -> None:
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(
-                f"model.activation={self.activation!r} is unknown; "
-                f"use one of {sorted(_ACTIVATIONS)}"
-            )
 
 
 class FeedForward(nn.Module):
     """Position-wise ``Linear -> activation -> dropout -> Linear`` on ``(B, L, d)``."""
 
-    def __init__(self, spec: LayerSpec) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.up = nn.Linear(spec.d_model, spec.d_ff)
-        self.down = nn.Linear(spec.d_ff, spec.d_model)
-        self.dropout = nn.Dropout(spec.dropout)
-        self.activation = _ACTIVATIONS[spec.activation]
+        self.up = nn.Linear(config.d_model, config.d_ff)
+        self.down = nn.Linear(config.d_ff, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.activation = getattr(F, config.activation)  # relu or gelu (see ModelConfig)
 
     def decayed_parameters(self) -> list[nn.Parameter]:
         """The two matrices, which weight decay applies to (see :mod:`posenc.training.optim`)."""
@@ -57,11 +36,11 @@ class FeedForward(nn.Module):
 class Residual(nn.Module):
     """A sublayer wrapped in dropout, a residual connection and pre- or post-LayerNorm."""
 
-    def __init__(self, spec: LayerSpec) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(spec.d_model)
-        self.dropout = nn.Dropout(spec.dropout)
-        self.norm_first = spec.norm_first
+        self.norm = nn.LayerNorm(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.norm_first = config.norm_first
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
         if self.norm_first:
@@ -72,12 +51,14 @@ class Residual(nn.Module):
 class EncoderLayer(nn.Module):
     """Self-attention and feed-forward on ``(B, L, d)``."""
 
-    def __init__(self, spec: LayerSpec, encoding: StackEncoding, index: int) -> None:
+    def __init__(self, config: ModelConfig, encoding: StackEncoding, index: int) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(spec.d_model, spec.n_heads, encoding.self_rule(index))
-        self.ffn = FeedForward(spec)
-        self.attn_block = Residual(spec)
-        self.ffn_block = Residual(spec)
+        self.self_attn = MultiHeadAttention(
+            config.d_model, config.n_heads, encoding.self_rule(index)
+        )
+        self.ffn = FeedForward(config)
+        self.attn_block = Residual(config)
+        self.ffn_block = Residual(config)
 
     def forward(self, x: Tensor, call: AttentionCall) -> Tensor:
         x = self.attn_block(x, lambda h: self.self_attn(h, call))
@@ -87,14 +68,18 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Causal self-attention, cross-attention to the memory, feed-forward on ``(B, L, d)``."""
 
-    def __init__(self, spec: LayerSpec, encoding: StackEncoding, index: int) -> None:
+    def __init__(self, config: ModelConfig, encoding: StackEncoding, index: int) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(spec.d_model, spec.n_heads, encoding.self_rule(index))
-        self.cross_attn = MultiHeadAttention(spec.d_model, spec.n_heads, encoding.cross_rule(index))
-        self.ffn = FeedForward(spec)
-        self.self_block = Residual(spec)
-        self.cross_block = Residual(spec)
-        self.ffn_block = Residual(spec)
+        self.self_attn = MultiHeadAttention(
+            config.d_model, config.n_heads, encoding.self_rule(index)
+        )
+        self.cross_attn = MultiHeadAttention(
+            config.d_model, config.n_heads, encoding.cross_rule(index)
+        )
+        self.ffn = FeedForward(config)
+        self.self_block = Residual(config)
+        self.cross_block = Residual(config)
+        self.ffn_block = Residual(config)
 
     def forward(
         self,
@@ -124,30 +109,25 @@ class DecoderCache:
 
 
 class Encoder(nn.Module):
-    """The encoder stack: input encoding, ``n_layers`` layers, final norm (pre-norm only)."""
+    """The encoder stack: input encoding, one layer per ``encoding.n_layers``, final norm
+    (pre-norm only)."""
 
-    def __init__(self, spec: LayerSpec, encoding: StackEncoding, n_layers: int) -> None:
+    def __init__(self, config: ModelConfig, encoding: StackEncoding) -> None:
         super().__init__()
         self.encoding = encoding
-        self.layers = nn.ModuleList(EncoderLayer(spec, encoding, i) for i in range(n_layers))
-        self.dropout = nn.Dropout(spec.dropout)
-        self.norm = nn.LayerNorm(spec.d_model) if spec.norm_first else nn.Identity()
-        self.attn_dropout = spec.attn_dropout
+        self.layers = nn.ModuleList(
+            EncoderLayer(config, encoding, i) for i in range(encoding.n_layers)
+        )
+        self.dropout = nn.Dropout(config.dropout)
+        self.norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
+        self.attn_dropout = config.attn_dropout
 
     def forward(
         self,
         src: Tensor,
-        mask: Tensor | None = None,
         src_key_padding_mask: Tensor | None = None,
-        is_causal: bool | None = None,
     ) -> Tensor:
-        """Encode embedded ``src (B, L, d)``; ``src_key_padding_mask (B, L)`` True at padding.
-
-        ``mask``/``is_causal`` exist for ``nn.Transformer``'s call and must stay unset: position
-        information comes from the encoding, never from an attention mask.
-        """
-        if mask is not None or is_causal:
-            raise ValueError("posenc's encoder takes a padding mask only (no src_mask/is_causal)")
+        """Encode embedded ``src (B, L, d)``; ``src_key_padding_mask (B, L)`` True at padding."""
         positions = torch.arange(src.shape[1], device=src.device)
         x = self.dropout(self.encoding.embed(src, positions))
         call = AttentionCall(
@@ -166,24 +146,21 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """The decoder stack; supports incremental decoding through a :class:`DecoderCache`."""
 
-    def __init__(self, spec: LayerSpec, encoding: StackEncoding, n_layers: int) -> None:
+    def __init__(self, config: ModelConfig, encoding: StackEncoding) -> None:
         super().__init__()
         self.encoding = encoding
-        self.layers = nn.ModuleList(DecoderLayer(spec, encoding, i) for i in range(n_layers))
-        self.dropout = nn.Dropout(spec.dropout)
-        self.norm = nn.LayerNorm(spec.d_model) if spec.norm_first else nn.Identity()
-        self.attn_dropout = spec.attn_dropout
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, encoding, i) for i in range(encoding.n_layers)
+        )
+        self.dropout = nn.Dropout(config.dropout)
+        self.norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
+        self.attn_dropout = config.attn_dropout
 
     def forward(
         self,
         tgt: Tensor,
         memory: Tensor,
-        tgt_mask: Tensor | None = None,
-        memory_mask: Tensor | None = None,
-        tgt_key_padding_mask: Tensor | None = None,
         memory_key_padding_mask: Tensor | None = None,
-        tgt_is_causal: bool | None = None,
-        memory_is_causal: bool = False,
         cache: DecoderCache | None = None,
     ) -> Tensor:
         """Decode embedded ``tgt (B, Lt, d)`` against ``memory (B, Ls, d)``.
@@ -192,8 +169,6 @@ class Decoder(nn.Module):
         needs no mask. With ``cache``, ``tgt`` holds only the new tokens, which continue at
         position ``cache.length``; the cache is extended in place. Returns ``(B, Lt, d)``.
         """
-        if tgt_mask is not None or memory_mask is not None:
-            raise ValueError("posenc's decoder builds its own causal mask; pass padding masks only")
         offset = cache.length if cache is not None else 0
         length = tgt.shape[1]
         q_pos = torch.arange(offset, offset + length, device=tgt.device)

@@ -1,5 +1,6 @@
-"""Seq2Seq: token embeddings, ``nn.Transformer`` with posenc's stacks, output head, and batched
-greedy decoding with a key/value cache."""
+"""Seq2Seq: token embeddings, ``nn.Transformer`` with posenc's stacks (see
+:mod:`posenc.model.transformer`), output head, and batched greedy decoding with a key/value
+cache."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from posenc.model.encodings.base import EncodingModule, Site, StackEncoding
-from posenc.model.layers import Decoder, DecoderCache, Encoder, LayerSpec
+from posenc.config import ModelConfig
+from posenc.model.encodings.base import Site, StackEncoding
+from posenc.model.layers import Decoder, DecoderCache, Encoder
+from posenc.model.transformer import StackedTransformer
 
 
 class Seq2Seq(nn.Module):
@@ -19,12 +22,8 @@ class Seq2Seq(nn.Module):
     Args:
         vocab_size: size of the (joint) vocabulary.
         pad_id, bos_id, eos_id: special token ids.
-        spec: layer shape (d_model, heads, FFN, dropout, norm placement).
-        n_encoder_layers, n_decoder_layers: stack depths.
+        config: the model's shape, depth, regularisation and embedding switches.
         encoding: ``(site, d_model, n_heads, n_layers) -> StackEncoding``, called once per stack.
-        share_embeddings: one embedding table for source and target.
-        tie_output: the output projection reuses the target embedding matrix.
-        scale_embedding: multiply embeddings by ``sqrt(d_model)`` (Vaswani et al.).
     """
 
     def __init__(
@@ -33,43 +32,29 @@ class Seq2Seq(nn.Module):
         pad_id: int,
         bos_id: int,
         eos_id: int,
-        spec: LayerSpec,
-        n_encoder_layers: int,
-        n_decoder_layers: int,
+        config: ModelConfig,
         encoding: Callable[..., StackEncoding],
-        share_embeddings: bool = True,
-        tie_output: bool = True,
-        scale_embedding: bool = True,
     ) -> None:
         super().__init__()
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
-        d = spec.d_model
-        self.embed_scale = math.sqrt(d) if scale_embedding else 1.0
+        d, heads = config.d_model, config.n_heads
+        self.embed_scale = math.sqrt(d) if config.scale_embedding else 1.0
         self.src_embed = nn.Embedding(vocab_size, d, padding_idx=pad_id)
-        self.tgt_embed = self.src_embed if share_embeddings else nn.Embedding(vocab_size, d, pad_id)
-        encoder = Encoder(
-            spec, encoding(Site.ENCODER, d, spec.n_heads, n_encoder_layers), n_encoder_layers
+        self.tgt_embed = (
+            self.src_embed if config.share_embeddings else nn.Embedding(vocab_size, d, pad_id)
         )
-        decoder = Decoder(
-            spec, encoding(Site.DECODER, d, spec.n_heads, n_decoder_layers), n_decoder_layers
-        )
-        self.transformer = nn.Transformer(
-            d_model=d,
-            nhead=spec.n_heads,
-            dim_feedforward=spec.d_ff,
-            dropout=spec.dropout,
-            custom_encoder=encoder,
-            custom_decoder=decoder,
-            batch_first=True,
+        self.transformer = StackedTransformer(
+            config,
+            Encoder(config, encoding(Site.ENCODER, d, heads, config.encoder_layers)),
+            Decoder(config, encoding(Site.DECODER, d, heads, config.decoder_layers)),
         )
         self.output = nn.Linear(d, vocab_size, bias=False)
-        if tie_output:
+        if config.tie_output:
             self.output.weight = self.tgt_embed.weight
-        self._init_weights()
+        self._init_embeddings()
 
-    def _init_weights(self) -> None:
-        """Embeddings ~ N(0, d^-1/2) with a zero padding row; encodings re-initialise what
-        ``nn.Transformer``'s Xavier pass overwrote."""
+    def _init_embeddings(self) -> None:
+        """Embeddings (and an untied output matrix) ~ N(0, d^-1/2), padding row zero."""
         d = self.src_embed.embedding_dim
         for emb in {self.src_embed, self.tgt_embed}:
             nn.init.normal_(emb.weight, std=d**-0.5)
@@ -77,9 +62,6 @@ class Seq2Seq(nn.Module):
                 emb.weight[self.pad_id].zero_()
         if self.output.weight is not self.tgt_embed.weight:
             nn.init.normal_(self.output.weight, std=d**-0.5)
-        for module in self.modules():
-            if isinstance(module, EncodingModule):
-                module.reset_parameters()
 
     @property
     def encoder(self) -> Encoder:
@@ -96,14 +78,13 @@ class Seq2Seq(nn.Module):
             self.src_embed(src) * self.embed_scale,
             self.tgt_embed(tgt_in) * self.embed_scale,
             src_key_padding_mask=src_pad,
-            memory_key_padding_mask=src_pad,
         )
         return self.output(hidden)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """Memory ``(B, Ls, d)`` and source padding mask ``(B, Ls)`` for ``src (B, Ls)``."""
         src_pad = src.eq(self.pad_id)
-        memory = self.encoder(self.src_embed(src) * self.embed_scale, src_key_padding_mask=src_pad)
+        memory = self.encoder(self.src_embed(src) * self.embed_scale, src_pad)
         return memory, src_pad
 
     def decode(

@@ -4,6 +4,7 @@ resume continues exactly where the run stopped (weights, optimizer, schedule, RN
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from dataclasses import asdict, dataclass, field
@@ -14,8 +15,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.config import differences, paste
+from posenc.config import TrainerConfig, differences, paste
 from posenc.runtime import checkpoint
+from posenc.runtime.rundir import RunDir, as_run_dir
+
+log = logging.getLogger("posenc.training")
 
 
 class RunMismatchError(checkpoint.CheckpointError):
@@ -75,7 +79,7 @@ def restore(path: Path, payload: dict[str, Any], model, optimizer, scheduler) ->
         raise does_not_fit(path, err) from err
 
 
-def find_start(cfg: DictConfig, run_dir: Path) -> Start:
+def find_start(cfg: DictConfig, run_dir: Path | RunDir) -> Start:
     """The checkpoint this run resumes (``trainer.resume``, else ``RUN/checkpoints/last.pt``),
     checked to be the same encoding, model and tokenizer; else the weights of
     ``trainer.init_from`` to fine-tune from; else a start from scratch.
@@ -84,7 +88,7 @@ def find_start(cfg: DictConfig, run_dir: Path) -> Start:
         RunMismatchError: the checkpoint to resume was trained with other settings.
         CheckpointError: a checkpoint is missing, corrupt or unsafe.
     """
-    path = _resume_path(cfg, run_dir)
+    path = _resume_path(cfg, as_run_dir(run_dir))
     if path is not None:
         payload = checkpoint.load(path)
         changed = differences(
@@ -109,11 +113,10 @@ def rank_seed(seed: int, rank: int, step: int) -> int:
     return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
 
 
-def _resume_path(cfg: DictConfig, run_dir: Path) -> Path | None:
+def _resume_path(cfg: DictConfig, run_dir: RunDir) -> Path | None:
     if cfg.trainer.resume:
         return Path(cfg.trainer.resume).expanduser()
-    last = run_dir / "checkpoints" / "last.pt"
-    return last if last.exists() else None
+    return run_dir.last if run_dir.last.exists() else None
 
 
 @dataclass
@@ -131,3 +134,38 @@ class TrainState:
     finished: bool = False
     world_size: int = 1  # processes that trained together (batch_in_epoch counts one's batches)
     history: list[dict[str, float]] = field(default_factory=list)
+
+
+def begin(
+    start: Start, model, optimizer, scheduler, trainer: TrainerConfig, world: int
+) -> TrainState:
+    """The state training begins in: a fresh one (from scratch, or fine-tuning from
+    ``start``'s weights with a fresh optimizer, schedule and step count) or the resumed one,
+    carried over to ``world`` processes and reopened when the budget was raised since."""
+    state = TrainState()
+    if start.fine_tune:
+        try:
+            model.load_state_dict(start.payload["model"])
+        except (KeyError, RuntimeError) as err:
+            raise does_not_fit(start.path, err) from err
+        trained_as = (start.payload.get("config") or {}).get("pe", {}).get("name", "?")
+        log.info(
+            "fine-tuning from the weights of %s (trained with pe=%s); optimizer, schedule and "
+            "step count start afresh",
+            start.path,
+            trained_as,
+        )
+    elif start.path is not None:
+        state = restore(start.path, start.payload, model, optimizer, scheduler)
+        log.info(
+            "resumed from %s at step %d (%.0f s of training)",
+            start.path,
+            state.step,
+            state.train_seconds,
+        )
+    if state.world_size != world:  # resumed with another number of processes: same place
+        state.batch_in_epoch = state.batch_in_epoch * state.world_size // world
+        state.world_size = world
+    if state.finished and not trainer.budget_spent(state.step, state.train_seconds):
+        state.finished = False  # the budget was raised: go on
+    return state

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -117,15 +117,16 @@ def masked_softmax(scores: Tensor, call: AttentionCall) -> Tensor:
 
 
 class EncodingModule(nn.Module):
-    """Marker base for modules owned by an encoding.
+    """Base of every module an encoding owns (its stack encodings and attention rules).
 
-    ``nn.Transformer`` re-initialises every matrix it holds with Xavier after construction;
-    the model calls :meth:`reset_parameters` on every ``EncodingModule`` afterwards so each
-    encoding keeps the initialisation its paper prescribes.
+    An encoding initialises its own parameters as its paper prescribes, in its constructor; the
+    model's Xavier initialisation of the layers (:mod:`posenc.model.transformer`) leaves them
+    alone, and weight decay does not apply to them (:mod:`posenc.training.optim`).
     """
 
     def reset_parameters(self) -> None:
-        """Initialise this module's own parameters (default: nothing to do)."""
+        """Initialise this module's own parameters (default: nothing to do); constructors of
+        modules with parameters call it."""
 
 
 class AttentionRule(EncodingModule):
@@ -137,7 +138,19 @@ class AttentionRule(EncodingModule):
       per-key state that is cached with k (FoX's log forget gates);
     * :meth:`bias` to add a ``(B|1, H|1, Lq, Lk)`` term to the logits (ALiBi, T5, KERPLE, FoX);
     * :meth:`forward` to replace the attention computation (Shaw, CoPE, stick-breaking).
+
+    Two declarations tell the diagnostic plots (:mod:`posenc.analysis.plot_pe`) what suits the
+    rule: :attr:`rotates_qk` and :attr:`masking_bias`.
     """
+
+    rotates_qk: ClassVar[bool] = False
+    """True when :meth:`prepare` rotates q and k by their positions, so that ``q_i . k_j``
+    depends on the distance through the rotation alone; the plots then draw the rotated
+    ``q . k`` of one vector against distance."""
+
+    masking_bias: ClassVar[float | None] = None
+    """A finite bias that masks rather than biases: entries of :meth:`bias` at or below it are
+    keys the head does not look at, left out of the plotted bias. None: every entry is a bias."""
 
     def prepare(
         self, q: Tensor, k: Tensor, x: Tensor, positions: Tensor, context: Any = None
@@ -202,6 +215,10 @@ class StackEncoding(EncodingModule):
     applies_to: str = "nowhere (no position information)"
     encoder_form: str = "-"
     sees_source_order: bool = True
+
+    speed_target: ClassVar[float | None] = None
+    """Training step at length 128 as a ratio to the reference encoding's, at most; checked by
+    ``scripts/bench.py`` (None: no target, as for the reference itself)."""
 
     def __init__(self, site: Site, d_model: int, n_heads: int, n_layers: int) -> None:
         super().__init__()
