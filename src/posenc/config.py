@@ -331,20 +331,20 @@ IDENTITY_GROUPS = ("pe", "model", "tokenizer")
 PATH_KEYS = frozenset({"tokenizer.vocab_file"})
 
 
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and empty mappings stay values."""
+    if isinstance(node, Mapping) and node:
+        flat: dict[str, Any] = {}
+        for key, value in node.items():
+            flat.update(flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: node} if prefix else {}
+
+
 def identity(config: Mapping[str, Any]) -> dict[str, Any]:
     """The flattened ``pe.*``, ``model.*`` and ``tokenizer.*`` settings of a plain config."""
-    flat: dict[str, Any] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, Mapping):
-            for key, value in node.items():
-                walk(f"{prefix}.{key}", value)
-        elif prefix not in PATH_KEYS:
-            flat[prefix] = node
-
-    for group in IDENTITY_GROUPS:
-        walk(group, config.get(group, {}))
-    return flat
+    flat = flatten({group: config.get(group, {}) for group in IDENTITY_GROUPS})
+    return {key: value for key, value in flat.items() if key not in PATH_KEYS}
 
 
 def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

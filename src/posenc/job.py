@@ -17,7 +17,7 @@ from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from posenc.config import TrainerConfig
+from posenc.config import RUN_CONTROL_KEYS, UNREPORTED_KEYS, TrainerConfig, flatten, plain
 from posenc.data.corpus import DataError
 from posenc.evaluation.evaluate import evaluate
 from posenc.runtime import distributed
@@ -145,15 +145,9 @@ def _log_hparams(cfg: DictConfig, run_dir: RunDir, metrics: dict[str, Any]) -> N
             values[f"hparam/{split}_bertscore_f1"] = m["bertscore_f1"]
     values = {k: float(v) for k, v in values.items() if v is not None}
     params = {
-        "pe": cfg.pe.name,
-        "seed": cfg.seed,
-        "d_model": cfg.model.d_model,
-        "layers": cfg.model.encoder_layers,
-        "heads": cfg.model.n_heads,
-        "max_steps": cfg.trainer.max_steps or -1,
-        "lr": cfg.trainer.lr,
-        "data": cfg.data.name,
-        "tokenizer": cfg.tokenizer.kind,
+        key: value if isinstance(value, bool | int | float | str) else str(value)
+        for key, value in flatten(plain(cfg)).items()
+        if key == "seed" or key not in RUN_CONTROL_KEYS | UNREPORTED_KEYS
     }
     step = metrics["step"]
     run_dir.logger(resume_step=step, resume_seconds=1e12).hparams(params, values, step)

@@ -17,11 +17,11 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from posenc.config import plain
 from posenc.data.corpus import (
     Corpus,
     DataError,
     check_extra_names,
-    plain_config,
     require,
     resolve_path,
 )
@@ -53,7 +53,7 @@ def load_corpora(cfg: Mapping, with_train: bool = True) -> dict[str, Corpus]:
     returns the held-out splits only, the same ones, without streaming, cleaning or shuffling
     the training data (local held-out sets are still cut out of the training files).
     """
-    cfg = plain_config(cfg)
+    cfg = plain(cfg)
     loaders: dict[str, Callable[[dict, bool], dict[str, Corpus]]] = {
         "toy": load_toy,
         "local": _load_local,

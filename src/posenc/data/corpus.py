@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 HELD_OUT = ("valid", "test")
 
 
@@ -50,13 +48,6 @@ def resolve_path(path: str | Path) -> Path:
     from hydra.utils import to_absolute_path
 
     return Path(to_absolute_path(str(Path(path).expanduser())))
-
-
-def plain_config(cfg: Mapping) -> dict:
-    """A config node as a plain, resolved dict."""
-    if OmegaConf.is_config(cfg):
-        return OmegaConf.to_container(cfg, resolve=True)
-    return dict(cfg)
 
 
 def require(cfg: Mapping, key: str) -> Any:

@@ -26,8 +26,9 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from posenc.config import plain
 from posenc.data.corpora import hub_unreachable
-from posenc.data.corpus import Corpus, DataError, plain_config, resolve_path
+from posenc.data.corpus import Corpus, DataError, resolve_path
 from posenc.runtime.files import write_text
 
 log = logging.getLogger("posenc.data.tokenizer")
@@ -144,7 +145,7 @@ def build_tokenizer(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
     ``cache_dir`` under a hash of the data and the settings); ``kind: mbert`` loads the mBERT
     vocabulary (``train`` and ``cache_dir`` are unused).
     """
-    cfg = plain_config(cfg)
+    cfg = plain(cfg)
     kind = cfg.get("kind")
     if kind == "bpe":
         return _build_bpe(cfg, train, Path(cache_dir).expanduser())

@@ -1,0 +1,82 @@
+"""The source tree is a map of the data flow: packages by phase, each module importing only
+from its own phase or an earlier one, small files, and encodings named nowhere but in their
+own modules, their configs and the tests."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from conftest import PE_NAMES, ROOT
+
+SRC = ROOT / "src" / "posenc"
+#: the phases in data-flow order; ``job`` ties training and evaluation together
+PHASES = ("config", "runtime", "data", "model", "training", "evaluation", "analysis", "job")
+MAX_LINES = 500
+MODULES = sorted(p for p in SRC.rglob("*.py"))
+
+
+def phase(module: str) -> int:
+    """The phase index of a dotted ``posenc.*`` module name."""
+    return PHASES.index(module.split(".")[1])
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def posenc_imports(path: Path) -> list[str]:
+    """The ``posenc.*`` modules ``path`` imports (at any depth of the file)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("posenc."):
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names if a.name.startswith("posenc.")]
+    return names
+
+
+def test_every_module_belongs_to_a_phase():
+    outside = [module_name(p) for p in MODULES if module_name(p) != "posenc"]
+    assert [m for m in outside if m.split(".")[1] not in PHASES] == []
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_no_module_imports_a_later_phase(path):
+    me = module_name(path)
+    if me == "posenc":
+        return
+    later = [m for m in posenc_imports(path) if phase(m) > phase(me)]
+    assert later == [], f"{me} imports {later}, of a later phase"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_no_source_file_is_over_500_lines(path):
+    assert len(path.read_text(encoding="utf-8").splitlines()) <= MAX_LINES
+
+
+def code_files() -> list[Path]:
+    """The code that must not name an encoding: the package outside ``model/encodings``, the
+    scripts and ``train.py``."""
+    package = [p for p in MODULES if "encodings" not in p.relative_to(SRC).parts]
+    return [*package, *sorted((ROOT / "scripts").glob("*.py")), ROOT / "train.py"]
+
+
+@pytest.mark.parametrize("path", code_files(), ids=lambda p: p.name)
+def test_no_encoding_is_named_in_code_outside_its_module(path):
+    """No string in the code is an encoding's name, and no code imports one encoding's module:
+    adding an encoding is one module, one YAML and one test file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    named = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in PE_NAMES
+    ]
+    encoding_modules = [
+        m
+        for m in posenc_imports(path)
+        if m.startswith("posenc.model.encodings.") and m != "posenc.model.encodings.base"
+    ]
+    assert named == [] and encoding_modules == []
