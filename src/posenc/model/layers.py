@@ -108,19 +108,27 @@ class DecoderCache:
     length: int = 0
 
 
-class Encoder(nn.Module):
-    """The encoder stack: input encoding, one layer per ``encoding.n_layers``, final norm
+class Stack(nn.Module):
+    """A stack: its encoding, one layer per ``encoding.n_layers``, input dropout and a final norm
     (pre-norm only)."""
+
+    layer_class: type[nn.Module]
 
     def __init__(self, config: ModelConfig, encoding: StackEncoding) -> None:
         super().__init__()
         self.encoding = encoding
         self.layers = nn.ModuleList(
-            EncoderLayer(config, encoding, i) for i in range(encoding.n_layers)
+            self.layer_class(config, encoding, i) for i in range(encoding.n_layers)
         )
         self.dropout = nn.Dropout(config.dropout)
         self.norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
         self.attn_dropout = config.attn_dropout
+
+
+class Encoder(Stack):
+    """The encoder stack."""
+
+    layer_class = EncoderLayer
 
     def forward(
         self,
@@ -143,18 +151,10 @@ class Encoder(nn.Module):
         return self.norm(x)
 
 
-class Decoder(nn.Module):
+class Decoder(Stack):
     """The decoder stack; supports incremental decoding through a :class:`DecoderCache`."""
 
-    def __init__(self, config: ModelConfig, encoding: StackEncoding) -> None:
-        super().__init__()
-        self.encoding = encoding
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, encoding, i) for i in range(encoding.n_layers)
-        )
-        self.dropout = nn.Dropout(config.dropout)
-        self.norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
-        self.attn_dropout = config.attn_dropout
+    layer_class = DecoderLayer
 
     def forward(
         self,
