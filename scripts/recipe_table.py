@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.analysis.report import find_run_dirs, read_curves
+from posenc.analysis.report.runs import find_run_dirs, read_curves
 from posenc.runtime.files import read_json
 
 

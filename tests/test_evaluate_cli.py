@@ -10,7 +10,7 @@ import json
 import pytest
 from conftest import SMOKE, compose
 
-from posenc.analysis.report import main as report_main
+from posenc.analysis.report.build import main as report_main
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
 

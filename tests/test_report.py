@@ -16,15 +16,12 @@ import torch
 from conftest import SMOKE, compose
 from omegaconf import OmegaConf
 
-from posenc.analysis.report import (
-    SECTIONS,
-    aggregate_curves,
-    bucket_position,
-    build_report,
-    main,
-    mean_std,
-    slug,
-)
+from posenc.analysis.report.build import build_report, main, scores_summary
+from posenc.analysis.report.render import SECTIONS, Table, slug
+from posenc.analysis.report.runs import ReportError, Run, reference_of
+from posenc.analysis.report.sections_by_encoding import setup_groups
+from posenc.analysis.report.stats import aggregate_curves, bucket_position, length_limits, mean_std
+from posenc.config import LENGTH_LIMITS, reference_encoding
 from posenc.evaluation.metrics import bleu_chrf
 from posenc.job import run
 from posenc.runtime.tblog import RunLogger
@@ -264,11 +261,100 @@ def test_helpers():
 
 
 def test_the_demo_prints_the_focus_split_score_table():
-    from posenc.analysis.report import scores_summary
-
-    md = (
-        "## 3. Scores\nintro\n### test\n\nsystem | BLEU\n--- | ---\nrope | 1.5\n\n"
-        "- signature a | b\n### long\nsystem | BLEU\n--- | ---\nrope | 0.5\n## 4. Significance\n"
+    """The summary is built from the score table's data, never parsed back from the markdown."""
+    assert scores_summary(Table(["system", "BLEU"], [["rope", "1.5"]])) == (
+        "system | BLEU\n--- | ---\nrope | 1.5"
     )
-    assert scores_summary(md, "test") == "system | BLEU\n--- | ---\nrope | 1.5"
-    assert scores_summary(md, "long").endswith("rope | 0.5")
+    assert scores_summary(Table(["system", "BLEU"], [["a|b", 0.5]])).endswith("a\\|b | 0.5")
+    assert scores_summary(None) == ""  # no finished run yet
+
+
+def test_the_command_line_prints_the_focus_scores_the_reading_and_the_path(sweep, tmp_path, capsys):
+    out = tmp_path / "out"
+    main([str(sweep), "--out", str(out), "--bootstrap", "10", "--split", "long"])
+    printed = capsys.readouterr().out.rstrip("\n").split("\n")
+    markdown = (out / "report.md").read_text()
+    scores = section(markdown, 3).split("\n### long\n", 1)[1]
+    table = scores.strip().split("\n\n")[0].splitlines()
+    assert printed[: len(table)] == table and table[0].startswith("system | seeds")
+    assert printed[len(table)] == ""
+    assert printed[len(table) + 1] == (out / "reading.txt").read_text().strip()
+    assert printed[-1] == f"report: {out / 'report.md'}"
+
+
+def test_the_shared_setup_is_read_from_the_runs_one_line_per_config_group(report, sweep):
+    _, markdown, _ = report
+    setup = section(markdown, 1).split("### Shared setup", 1)[1].split("<details>", 1)[0]
+    lines = {line.split("**")[1]: line for line in setup.strip().splitlines()}
+    config = OmegaConf.load(sweep / "pe=rope" / "config.yaml")
+    assert f"d_model={config.model.d_model}" in lines["model"]
+    assert "max_steps=4" in lines["trainer"] and "valid_every=2" in lines["trainer"]
+    assert "max_len=12" in lines["data"] and f"reference_pe={config.reference_pe}" in lines["run"]
+    assert "pe" not in lines  # the encodings' settings are listed per encoding
+    top_level = lines["run"].split(": ", 1)[1].split(", ")
+    assert not any(item.startswith("seed=") for item in top_level)  # it varies
+    assert "cache_dir" not in section(markdown, 1)  # posenc.config.UNREPORTED_KEYS
+    assert "<summary>All shared settings</summary>" in markdown
+
+
+def test_setup_groups_take_the_first_dotted_component():
+    shared = {"device": "cpu", "model.d_model": 8, "pe.name": "rope", "data.clean.max_words": 80}
+    assert setup_groups(shared) == {
+        "run": ["device=cpu"],
+        "model": ["d_model=8"],
+        "data": ["clean.max_words=80"],
+    }
+
+
+def test_length_limits_are_the_declared_keys_with_finite_values():
+    config = {
+        "trainer.max_positions": 128,
+        "trainer.max_source_tokens": 20,
+        "data.clean.max_words": None,  # not set: no limit
+        "data.max_src_tokens_train": 50,  # not declared in posenc.config.LENGTH_LIMITS
+        "trainer.max_steps": 4,
+    }
+    runs = [Run("a", Path("a"), config), Run("b", Path("b"), dict(config, seed=1))]
+    assert length_limits(runs) == [
+        ("trainer.max_positions", 128.0, LENGTH_LIMITS["trainer.max_positions"]),
+        ("trainer.max_source_tokens", 20.0, LENGTH_LIMITS["trainer.max_source_tokens"]),
+    ]
+
+
+def test_the_reference_encoding_comes_from_the_runs_configs():
+    def runs(*references):
+        return [Run(str(i), Path(str(i)), {"reference_pe": r}) for i, r in enumerate(references)]
+
+    assert reference_of(runs("rope", "rope")) == "rope"
+    assert reference_of(runs("rope", "nonepe"), override="sinpe") == "sinpe"
+    with pytest.raises(
+        ReportError, match=r"disagree on reference_pe \(nonepe, rope\); .*--reference"
+    ):
+        reference_of(runs("rope", "nonepe"))
+    old = [Run("old", Path("old"), {"pe.name": "rope"})]  # saved before reference_pe existed
+    assert reference_of(old) == reference_encoding() == "nonepe"
+
+
+def test_cost_is_relative_to_the_configured_or_requested_reference(sweep, tmp_path):
+    copy = tmp_path / "sweep"
+    for name in DONE:
+        shutil.copytree(sweep / name, copy / name, ignore=shutil.ignore_patterns("checkpoints"))
+        config = OmegaConf.load(copy / name / "config.yaml")
+        config.reference_pe = "rope"
+        OmegaConf.save(config, copy / name / "config.yaml")
+    speeds = [metrics_of(sweep, n)["train"]["train_tokens_per_s"] for n in DONE]
+    build_report(copy, samples=10)
+    cost = section((copy / "report" / "report.md").read_text(), 6)
+    assert "train tokens/s | × rope" in cost and "× nonepe" not in cost
+    with open(copy / "report" / "report.csv", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    ratio = csv_value(rows, section="cost", encoding="nonepe", metric="train_tokens_per_s_vs_rope")
+    assert float(ratio) == pytest.approx(np.mean(speeds[:2]) / speeds[2])
+
+    config = OmegaConf.load(copy / "pe=rope" / "config.yaml")
+    config.reference_pe = "nonepe"
+    OmegaConf.save(config, copy / "pe=rope" / "config.yaml")
+    with pytest.raises(SystemExit, match=r"^error: the runs disagree on reference_pe"):
+        main([str(copy), "--bootstrap", "10"])
+    main([str(copy), "--bootstrap", "10", "--reference", "rope"])
+    assert "× rope" in section((copy / "report" / "report.md").read_text(), 6)

@@ -1,0 +1,40 @@
+"""The report of a sweep: tables, figures and a CSV from the run directories of a multirun.
+
+``python scripts/report.py SWEEP_DIR [--out DIR] [--split test] [--bootstrap 1000] [--eval NAME]
+[--reference NAME]`` reads every directory under ``SWEEP_DIR`` that holds a ``config.yaml`` (Hydra
+puts each job of a multirun in ``SWEEP_DIR/<override_dirname>/``) and writes into ``--out``
+(default ``SWEEP_DIR/report``); scores come from each run's own evaluation, or with ``--eval
+NAME`` from its standalone evaluation ``RUN/evals/NAME/`` (see :mod:`posenc.evaluation`):
+
+- ``report.md``: a reading (one paragraph, also in ``reading.txt``: what the significance tests
+  say and how far to trust them, see :mod:`posenc.analysis.reading`), then runs and their status,
+  learning curves, scores, significance, length buckets, cost and attention maps, every split of
+  the metrics (the focus split ``--split`` first);
+- ``*.png``: the figures the report shows;
+- ``report.csv``: every number of the tables, long format ``section,split,encoding,run,metric,
+  value`` (``run`` is empty for a mean over seeds).
+
+Runs are grouped by encoding (``pe.name``, plus any other training setting that differs between
+the runs, run-control settings such as the seed aside: ``posenc.config.RUN_CONTROL_KEYS``). A
+failed run (``failed.json``) or an unfinished one (no ``metrics.json`` yet) is listed with its
+status, never dropped, and its curves so far are plotted. The shared setup is read from the runs'
+own configs, one line per config group; the training length limits drawn on the length-bucket
+figure are the keys of ``posenc.config.LENGTH_LIMITS`` the configs set; cost ratios are measured
+against the runs' ``reference_pe`` (``configs/train.yaml``) or ``--reference NAME``.
+
+Significance is sacreBLEU's own paired bootstrap resampling (``sacrebleu.significance.
+PairedTest`` with ``test_type="bs"``, the ``--paired-bs`` of its command line) of every system
+against the one with the best mean BLEU. With several seeds, the hypotheses of the seeds both
+systems have are concatenated in seed order and compared against the references repeated as
+often, so every seed counts and the pairs stay aligned.
+
+Modules, each with one job (import from them directly):
+
+- :mod:`.runs`: reading run directories into :class:`~.runs.Run` objects and grouping them;
+- :mod:`.stats`: the numbers (means over seeds, paired bootstrap, buckets, cost, curves);
+- :mod:`.render`: the markdown/CSV writer, number formatting and figure helpers;
+- :mod:`.figures`: the report's figures;
+- :mod:`.sections_by_encoding`: sections 1, 2, 6 and 7 (runs, curves, cost, attention);
+- :mod:`.sections_by_split`: sections 3 to 5 (scores, significance, length buckets) per split;
+- :mod:`.build`: the whole report and the command line (``main``).
+"""

@@ -1,0 +1,136 @@
+"""The whole report of a sweep (:func:`build_report`) and its command line (:func:`main`, run by
+``scripts/report.py``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from posenc.analysis.reading import reading
+from posenc.analysis.report.render import Table, Writer, palette
+from posenc.analysis.report.runs import (
+    ReportError,
+    find_run_dirs,
+    group_runs,
+    load_run,
+    reference_of,
+    split_entries,
+    split_names,
+)
+from posenc.analysis.report.sections_by_encoding import (
+    section_attention,
+    section_cost,
+    section_curves,
+    section_runs,
+)
+from posenc.analysis.report.sections_by_split import split_sections
+from posenc.analysis.report.stats import system_order
+
+
+@dataclass
+class Report:
+    """A written report: ``report.md``'s path, its reading paragraph, and the focus split's
+    score table (None when no run is finished yet)."""
+
+    path: Path
+    reading: str
+    scores: Table | None
+
+
+def build_report(
+    sweep: Path,
+    out: Path | None = None,
+    focus: str = "test",
+    samples: int = 1000,
+    evaluation: str | None = None,
+    reference: str | None = None,
+) -> Report:
+    """Write the report of the sweep in ``sweep`` into ``out`` (default ``sweep/report``):
+    ``report.md``, ``report.csv``, ``reading.txt`` and the figures. Scores come from each run's
+    own evaluation, or from its standalone evaluation ``RUN/evals/<evaluation>/``; ``samples``
+    paired bootstrap resamples; cost ratios against ``reference`` (default: the runs'
+    ``reference_pe``). Returns what was written (:class:`Report`).
+
+    Raises:
+        ReportError: ``sweep`` is no directory, holds no run, no run has the ``focus`` split,
+            ``samples`` is not positive, or the runs disagree on ``reference_pe`` and no
+            ``reference`` is given.
+    """
+    sweep = sweep.expanduser().resolve()
+    if not sweep.is_dir():
+        raise ReportError(f"{sweep} is not a directory")
+    if samples < 1:
+        raise ReportError(f"--bootstrap must be a positive number of resamples, not {samples}")
+    out = out.expanduser().resolve() if out else sweep / "report"
+    runs = [load_run(path, sweep, evaluation) for path in find_run_dirs(sweep, out)]
+    if not runs:
+        raise ReportError(f"no run directory (one with a config.yaml) under {sweep}")
+    splits = split_names(runs, focus)
+    reference = reference_of(runs, reference)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = group_runs(runs)
+    systems = {split: split_entries(groups, split) for split in splits}
+    order = system_order(systems[focus]) if splits else []
+    groups.sort(key=lambda g: (order.index(g.label) if g.label in order else len(order), g.label))
+    colours = palette([g.label for g in groups] + [s for per in systems.values() for s in per])
+
+    w = Writer(out)
+    w.heading(f"Sweep report: {sweep.name}", 1)
+    w.text(
+        f"Sweep `{sweep}`; focus split `{focus}`; splits: {', '.join(splits) or 'none yet'}. "
+        "Every number of the tables is also in `report.csv`."
+    )
+    top = len(w.lines)
+    section_runs(w, runs, groups, focus)
+    section_curves(w, groups, colours)
+    scores = split_sections(w, splits, systems, runs, samples, colours)
+    section_cost(w, groups, focus, reference)
+    section_attention(w, groups)
+    summary = reading(w.rows, splits)
+    w.lines[top:top] = ["## Reading", "", summary, ""]
+    (out / "reading.txt").write_text(summary + "\n", encoding="utf-8")
+    return Report(w.save(), summary, scores)
+
+
+def scores_summary(scores: Table | None) -> str:
+    """The focus split's score table as markdown lines (printed at the end of ``make demo``);
+    empty when no run is finished yet."""
+    return "\n".join(scores.markdown()) if scores else ""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python scripts/report.py SWEEP_DIR [--out DIR] [--split test] [--bootstrap N]
+    [--eval NAME] [--reference NAME]``: writes the report, then prints the focus split's score
+    table, the reading and ``report: PATH``. A :class:`ReportError` exits with one line."""
+    parser = argparse.ArgumentParser(description="Report of a sweep: report.md, PNGs, report.csv.")
+    parser.add_argument("sweep", type=Path, help="the sweep directory (runs in subdirectories)")
+    parser.add_argument("--out", type=Path, default=None, help="default: SWEEP/report")
+    parser.add_argument("--split", default="test", help="the focus split (default: test)")
+    parser.add_argument(
+        "--bootstrap", type=int, default=1000, help="paired bootstrap resamples (default: 1000)"
+    )
+    parser.add_argument(
+        "--eval",
+        default=None,
+        metavar="NAME",
+        help="score each run's standalone evaluation RUN/evals/NAME instead of its own",
+    )
+    parser.add_argument(
+        "--reference",
+        default=None,
+        metavar="NAME",
+        help="the encoding cost ratios are measured against (default: the runs' reference_pe)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        report = build_report(
+            args.sweep, args.out, args.split, args.bootstrap, args.eval, args.reference
+        )
+    except ReportError as err:
+        raise SystemExit(f"error: {err}") from None
+    print(scores_summary(report.scores))
+    print()
+    print(report.reading + "\n")
+    print(f"report: {report.path}")

@@ -1,0 +1,153 @@
+"""Rendering the report: the report's outline, the :class:`Writer` that collects its markdown,
+CSV rows and figures, number formatting, and the figure helpers every figure shares."""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from posenc.analysis.report.stats import Stats
+
+#: the report's sections, in order (``## TITLE`` headings, after the reading)
+SECTIONS = (
+    "1. Runs",
+    "2. Learning curves",
+    "3. Scores",
+    "4. Significance",
+    "5. Length buckets",
+    "6. Cost",
+    "7. Attention maps",
+)
+#: the columns of ``report.csv``
+CSV_COLUMNS = ("section", "split", "encoding", "run", "metric", "value")
+
+
+@dataclass
+class Table:
+    """A table as written: its header and its rows of cells (formatted or raw values)."""
+
+    header: list[str]
+    rows: list[list[Any]]
+
+    def markdown(self) -> list[str]:
+        """The markdown lines (header, separator, one per row); ``|`` and newlines in cells are
+        escaped."""
+
+        def cell(value: Any) -> str:
+            return str(value).replace("|", "\\|").replace("\n", " ")
+
+        body = [" | ".join(cell(c) for c in row) for row in self.rows]
+        return [" | ".join(self.header), " | ".join("---" for _ in self.header), *body]
+
+
+class Writer:
+    """Collects the markdown lines, the CSV rows (dicts of :data:`CSV_COLUMNS`) and the figures
+    (saved into ``out`` at once) of the report."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.lines: list[str] = []
+        self.rows: list[dict[str, Any]] = []
+
+    def text(self, *lines: str) -> None:
+        """Append paragraphs (one blank line after them)."""
+        self.lines.extend([*lines, ""])
+
+    def heading(self, title: str, level: int = 2) -> None:
+        """A markdown heading."""
+        self.text("#" * level + " " + title)
+
+    def table(self, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+        """Append a markdown table (cells escaped); returns it as a :class:`Table`."""
+        table = Table(list(header), [list(row) for row in rows])
+        self.text(*table.markdown())
+        return table
+
+    def record(
+        self, section: str, split: str, encoding: str, run: str, metric: str, value: Any
+    ) -> None:
+        """One CSV row (skipped when ``value`` is None)."""
+        if value is not None:
+            self.rows.append(
+                dict(zip(CSV_COLUMNS, (section, split, encoding, run, metric, value), strict=True))
+            )
+
+    def figure(self, fig: Figure, name: str, caption: str) -> None:
+        """Save ``fig`` as ``out/name`` and show it in the report."""
+        fig.savefig(self.out / name, dpi=110)
+        self.text(f"![{caption}]({name})")
+
+    def save(self) -> Path:
+        """Write ``report.md`` and ``report.csv``; returns the path of ``report.md``."""
+        with open(self.out / "report.csv", "w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, CSV_COLUMNS)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        path = self.out / "report.md"
+        path.write_text("\n".join(self.lines).rstrip() + "\n", encoding="utf-8")
+        return path
+
+
+def record_stats(
+    w: Writer, section: str, split: str, encoding: str, metric: str, stats: Stats | None
+) -> None:
+    """CSV rows ``METRIC_mean``, ``METRIC_std`` and ``METRIC_n`` of a mean over seeds (none when
+    ``stats`` is None)."""
+    if stats is not None:
+        for suffix, value in zip(("mean", "std", "n"), stats, strict=True):
+            w.record(section, split, encoding, "", f"{metric}_{suffix}", value)
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    """A number with ``digits`` decimals (integers with thousands separators); "—" for none."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def fmt_stats(stats: Stats | None, digits: int = 2) -> str:
+    """``mean ± std`` (just the mean for one seed); "—" for none."""
+    if stats is None:
+        return "—"
+    mean, std, n = stats
+    return f"{mean:,.{digits}f} ± {std:,.{digits}f}" if n > 1 else f"{mean:,.{digits}f}"
+
+
+def slug(text: str) -> str:
+    """A file-name-safe version of ``text``."""
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", text).strip("_") or "x"
+
+
+# ---------------------------------------------------------------- figures
+
+
+def new_figure(width: float, height: float, panels: int = 1) -> tuple[Figure, list[Any]]:
+    """A figure drawn by the Agg backend (no pyplot state) and its ``panels`` axes, side by
+    side."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def palette(names: Iterable[str]) -> dict[str, Any]:
+    """A fixed colour (an RGBA tuple) per name (sorted), shared by every figure."""
+    ordered = sorted(set(names))
+    cmap = colormaps["tab10" if len(ordered) <= 10 else "tab20"]
+    return {name: cmap(i % cmap.N) for i, name in enumerate(ordered)}

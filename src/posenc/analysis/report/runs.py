@@ -1,0 +1,283 @@
+"""Reading a sweep's run directories (config, status, metrics, training summary, curves) and
+grouping the runs into systems: one group per encoding and differing setting, one entry per run
+and split."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from posenc.config import RUN_CONTROL_KEYS, flatten, reference_encoding
+from posenc.runtime.files import read_json
+
+DONE, FAILED, UNFINISHED = "done", "failed", "unfinished"
+#: the TensorBoard tags of the validation loss, by what it is plotted against
+CURVE_TAGS = {"steps": "valid/loss", "time": "time/valid_loss"}
+
+#: a curve: x values (steps or seconds, increasing) and the validation losses there
+Curve = tuple[np.ndarray, np.ndarray]
+
+
+class ReportError(ValueError):
+    """The sweep cannot be reported (no runs, unknown split, ambiguous reference encoding); the
+    message says why, in one line."""
+
+
+@dataclass
+class Run:
+    """One run directory: its flattened config, status, metrics, training summary and curves.
+
+    ``results`` is the directory its scores come from: the run itself, or a standalone
+    evaluation ``RUN/evals/NAME``. ``label`` is the name of its group (set by :func:`group_runs`).
+    """
+
+    name: str
+    path: Path
+    config: dict[str, Any]
+    status: str = UNFINISHED
+    message: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    curves: dict[str, Curve] = field(default_factory=dict)
+    label: str = ""
+    results: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.results is None:
+            self.results = self.path
+
+    @property
+    def pe(self) -> str:
+        """The encoding's name (``pe.name``)."""
+        return str(self.config.get("pe.name", "?"))
+
+    @property
+    def seed(self) -> int:
+        """The training seed."""
+        return int(self.config.get("seed", 0) or 0)
+
+    @property
+    def last_step(self) -> int | None:
+        """Steps trained: from the summary, else the last validation step logged so far."""
+        if self.train.get("steps") is not None:
+            return int(self.train["steps"])
+        if "steps" in self.curves:
+            return int(self.curves["steps"][0][-1])
+        return None
+
+
+@dataclass
+class Group:
+    """The runs of one encoding (several seeds); ``variant`` names other differing settings
+    (``key=value, ...``, empty when none)."""
+
+    label: str
+    pe: str
+    variant: str
+    runs: list[Run]
+
+
+@dataclass
+class Entry:
+    """One run's scores on one split for one system (the run's encoding or a test-time variant
+    from ``eval.pe_variants``), with its hypothesis and reference files."""
+
+    system: str
+    run: Run
+    scores: dict[str, Any]
+    hypotheses: Path
+    references: Path
+
+
+# ---------------------------------------------------------------- reading the run directories
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def read_curves(tb_dir: Path) -> dict[str, Curve]:
+    """Validation loss against steps and against training seconds from TensorBoard events
+    (``{"steps": (x, y), "time": (x, y)}``, the tags that exist; the last value of a step wins);
+    ``{}`` without events or when they cannot be read."""
+    if not tb_dir.is_dir():
+        return {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    try:
+        events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+        events.Reload()
+        tags = set(events.Tags().get("scalars", []))
+        curves: dict[str, Curve] = {}
+        for name, tag in CURVE_TAGS.items():
+            if tag in tags:
+                points = {e.step: e.value for e in events.Scalars(tag)}
+                x = np.array(sorted(points), dtype=float)
+                curves[name] = (x, np.array([points[s] for s in sorted(points)], dtype=float))
+    except Exception:  # a half-written event file of a running job must not stop the report
+        return {}
+    return curves
+
+
+def find_run_dirs(sweep: Path, out: Path) -> list[Path]:
+    """Directories under ``sweep`` (itself included) with a ``config.yaml``, sorted, except
+    Hydra's hidden ``.hydra/`` copies, standalone evaluations (``evals/``) and the report's own
+    directory ``out``."""
+    found = []
+    for config in sorted(sweep.rglob("config.yaml")):
+        parts = config.parent.relative_to(sweep).parts
+        if any(p.startswith(".") or p == "evals" for p in parts) or out in config.parents:
+            continue
+        found.append(config.parent)
+    return found
+
+
+def load_run(path: Path, sweep: Path, evaluation: str | None = None) -> Run:
+    """Read one run directory; its status is failed (``failed.json`` or unreadable files), done
+    (``metrics.json``) or unfinished, and ``message`` says why. Scores come from the run's own
+    evaluation, or from its standalone evaluation ``RUN/evals/<evaluation>/`` when one is named."""
+    name = str(path.relative_to(sweep)) if path != sweep else path.name
+    try:
+        config = flatten(OmegaConf.to_container(OmegaConf.load(path / "config.yaml")))
+    except Exception as err:  # a broken config is a failed run in the table, not a crash
+        return Run(name, path, {}, FAILED, f"config.yaml unreadable: {first_line(err)}")
+    results = path / "evals" / evaluation if evaluation else path
+    run = Run(name, path, config, curves=read_curves(path / "tb"), results=results)
+    run.train = read_json(path / "train_summary.json") or {}
+    if (path / "failed.json").exists():
+        info = read_json(path / "failed.json") or {}
+        run.status = FAILED
+        error, message = info.get("error", "error"), info.get("message", "failed.json unreadable")
+        run.message = f"{error}: {message}"
+    elif (results / "metrics.json").exists():
+        metrics = read_json(results / "metrics.json")
+        if metrics is None:
+            run.status, run.message = FAILED, "metrics.json unreadable"
+        else:
+            run.status, run.metrics = DONE, metrics
+            run.train = metrics.get("train") or run.train
+    elif run.train:
+        run.message = (
+            f"trained, no evaluation {evaluation}" if evaluation else "trained, not evaluated"
+        )
+    elif run.last_step is not None:
+        run.message = f"running or interrupted; last validation at step {run.last_step}"
+    else:
+        run.message = "running or interrupted; nothing logged yet"
+    return run
+
+
+def reference_of(runs: Sequence[Run], override: str | None = None) -> str:
+    """The encoding cost ratios are measured against: ``override`` when given, else the
+    ``reference_pe`` the runs' configs share, else (runs older than that key) the repository's
+    default, :func:`posenc.config.reference_encoding`.
+
+    Raises:
+        ReportError: the runs' configs name different reference encodings.
+    """
+    if override:
+        return override
+    named = sorted({str(r.config["reference_pe"]) for r in runs if "reference_pe" in r.config})
+    if len(named) > 1:
+        raise ReportError(
+            f"the runs disagree on reference_pe ({', '.join(named)}); "
+            "choose one with --reference NAME"
+        )
+    return named[0] if named else reference_encoding()
+
+
+# ---------------------------------------------------------------- grouping
+
+
+def _value_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def differing_keys(runs: Sequence[Run]) -> list[str]:
+    """Config keys, sorted, whose value (or presence) is not the same in every run."""
+    keys = sorted({k for r in runs for k in r.config})
+    return [k for k in keys if len({_value_key(r.config.get(k, "<unset>")) for r in runs}) > 1]
+
+
+def _is_variant_key(key: str) -> bool:
+    return key not in RUN_CONTROL_KEYS and not key.startswith(("pe.", "eval.pe_variants"))
+
+
+def group_runs(runs: Sequence[Run]) -> list[Group]:
+    """Group runs by encoding; settings other than run control (``RUN_CONTROL_KEYS``: the seed,
+    the device, ...) that differ between the healthy runs (a model size, say) make separate
+    groups, labelled ``pe (key=value, ...)``, and so do ``pe.*`` settings that differ between
+    runs of the same encoding (an encoder form, say). Sets each run's ``label``; the groups come
+    in the order of their first run, each group's runs by seed."""
+    healthy = [r for r in runs if r.status != FAILED]
+    variant_keys = [k for k in differing_keys(healthy) if _is_variant_key(k)]
+    pe_keys = {
+        pe: [
+            k
+            for k in differing_keys([r for r in healthy if r.pe == pe])
+            if k.startswith("pe.") and k != "pe.name"
+        ]
+        for pe in {r.pe for r in runs}
+    }
+    groups: dict[str, Group] = {}
+    for run in runs:
+        keys = pe_keys.get(run.pe, []) + variant_keys
+        variant = ", ".join(f"{k}={run.config.get(k, '?')}" for k in keys)
+        run.label = f"{run.pe} ({variant})" if variant else run.pe
+        groups.setdefault(run.label, Group(run.label, run.pe, variant, [])).runs.append(run)
+    for group in groups.values():
+        group.runs.sort(key=lambda r: (r.seed, r.name))
+    return list(groups.values())
+
+
+def split_names(runs: Sequence[Run], focus: str) -> list[str]:
+    """The splits in the metrics of the finished runs, ``focus`` first (empty when no run is
+    finished).
+
+    Raises:
+        ReportError: runs are finished but none has the ``focus`` split.
+    """
+    found = list(dict.fromkeys(s for r in runs for s in r.metrics.get("splits", {})))
+    if found and focus not in found:
+        raise ReportError(f"split {focus!r} is in no metrics.json; found: {', '.join(found)}")
+    return sorted(found, key=lambda s: s != focus)
+
+
+def split_entries(groups: Sequence[Group], split: str) -> dict[str, list[Entry]]:
+    """Per system, the finished runs' scores on ``split``: the encoding itself (system = the
+    group's label) and each test-time variant (system ``label [variant]``)."""
+    systems: dict[str, list[Entry]] = {}
+    for group in groups:
+        for run in group.runs:
+            scores = run.metrics.get("splits", {}).get(split)
+            if scores is not None:
+                systems.setdefault(group.label, []).append(
+                    Entry(
+                        group.label,
+                        run,
+                        scores,
+                        run.results / f"hypotheses.{split}.txt",
+                        run.results / f"references.{split}.txt",
+                    )
+                )
+            for name, variant in (run.metrics.get("variants") or {}).items():
+                v_scores = variant.get("splits", {}).get(split)
+                if v_scores is not None:
+                    system = f"{group.label} [{name}]"
+                    systems.setdefault(system, []).append(
+                        Entry(
+                            system,
+                            run,
+                            v_scores,
+                            run.results / f"hypotheses.{split}.{name}.txt",
+                            run.results / f"references.{split}.txt",
+                        )
+                    )
+    return systems

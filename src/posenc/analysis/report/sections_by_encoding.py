@@ -1,0 +1,263 @@
+"""The report's sections about runs and encodings, one row or line per run or encoding: 1. Runs
+(status, shared setup, differing settings), 2. Learning curves, 6. Cost (against the reference
+encoding) and 7. Attention maps."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from posenc.analysis.report.figures import plot_curves, render_attention
+from posenc.analysis.report.render import SECTIONS, Writer, fmt, fmt_stats, record_stats, slug
+from posenc.analysis.report.runs import (
+    DONE,
+    FAILED,
+    UNFINISHED,
+    Group,
+    Run,
+    differing_keys,
+    first_line,
+)
+from posenc.analysis.report.stats import COST_METRICS, cost_values, mean_std
+from posenc.config import UNREPORTED_KEYS
+
+#: the line of the shared setup that holds the top-level keys (``device``, ``name``, ...)
+TOP_LEVEL = "run"
+
+# ---------------------------------------------------------------- 1. runs
+
+
+def section_runs(w: Writer, runs: Sequence[Run], groups: Sequence[Group], focus: str) -> None:
+    """Every run with its status, the shared setup and the settings that differ."""
+    w.heading(SECTIONS[0])
+    counts = Counter(r.status for r in runs)
+    w.text(
+        f"{len(runs)} run(s): {counts[DONE]} done, {counts[FAILED]} failed, "
+        f"{counts[UNFINISHED]} unfinished."
+    )
+    header = [
+        "run",
+        "encoding",
+        "seed",
+        "status",
+        "steps",
+        "train s",
+        "best valid loss",
+        f"{focus} BLEU",
+        "note",
+    ]
+    rows = []
+    for run in runs:
+        bleu = run.metrics.get("splits", {}).get(focus, {}).get("bleu")
+        values = {
+            "steps": run.last_step,
+            "train_seconds": run.train.get("train_seconds"),
+            "best_valid_loss": run.train.get("best_valid_loss"),
+            "bleu": bleu,
+        }
+        w.record("runs", focus, run.label, run.name, "status", run.status)
+        for metric, value in values.items():
+            w.record("runs", focus, run.label, run.name, metric, value)
+        rows.append(
+            [
+                f"`{run.name}`",
+                run.label,
+                run.seed if run.config else "—",
+                run.status,
+                fmt(values["steps"]),
+                fmt(values["train_seconds"], 1),
+                fmt(values["best_valid_loss"], 4),
+                fmt(bleu),
+                run.message,
+            ]
+        )
+    w.table(header, rows)
+    configured = [r for r in runs if r.config]
+    if configured:
+        setup_lines(w, configured)
+        differing_lines(w, configured, groups)
+
+
+def shared_settings(runs: Sequence[Run]) -> dict[str, Any]:
+    """The config keys every run has with the same value, in config order, ``UNREPORTED_KEYS``
+    left out: ``{key: value}``."""
+    varying = set(differing_keys(runs))
+    return {
+        k: v for k, v in runs[0].config.items() if k not in varying and k not in UNREPORTED_KEYS
+    }
+
+
+def setup_groups(shared: dict[str, Any]) -> dict[str, list[str]]:
+    """The shared settings by config group (the key's first dotted component; top-level keys
+    under :data:`TOP_LEVEL`), as ``name=value`` with the group left out of the name; the
+    encodings' ``pe.*`` are left out (section 1 lists them per encoding)."""
+    groups: dict[str, list[str]] = {}
+    for key, value in shared.items():
+        group, dot, name = key.partition(".")
+        if group == "pe":
+            continue
+        if not dot:
+            group, name = TOP_LEVEL, key
+        groups.setdefault(group, []).append(f"{name}={value}")
+    return groups
+
+
+def setup_lines(w: Writer, runs: Sequence[Run]) -> None:
+    """The setup the runs share, one line per config group (``- **model**: d_model=128, ...``),
+    then every shared setting in a ``<details>`` block."""
+    w.heading("Shared setup", 3)
+    shared = shared_settings(runs)
+    w.text(*[f"- **{g}**: " + ", ".join(items) for g, items in setup_groups(shared).items()])
+    w.text(
+        "<details><summary>All shared settings</summary>",
+        "",
+        *[f"- `{k}`: {v}" for k, v in sorted(shared.items())],
+        "",
+        "</details>",
+    )
+
+
+def differing_lines(w: Writer, runs: Sequence[Run], groups: Sequence[Group]) -> None:
+    """The settings that differ between runs, and each encoding's hyper-parameters."""
+    w.heading("Differing settings", 3)
+    keys = [k for k in differing_keys(runs) if not k.startswith("pe.") or k == "pe.name"]
+    lines = []
+    for key in keys:
+        values = dict.fromkeys(str(r.config.get(key, "<unset>")) for r in runs)
+        lines.append(f"- `{key}`: " + ", ".join(values))
+    w.text(*(lines or ["- none"]))
+    w.text("Encoding hyper-parameters (`configs/pe/*.yaml`):")
+    params = []
+    for group in groups:
+        config = next((r.config for r in group.runs if r.config), {})
+        items = [
+            f"{k[3:]}={v}"
+            for k, v in config.items()
+            if k.startswith("pe.") and k not in ("pe.name", "pe._target_")
+        ]
+        params.append(f"- {group.label}: " + (", ".join(items) or "none"))
+    w.text(*params)
+
+
+# ---------------------------------------------------------------- 2. learning curves
+
+
+def section_curves(w: Writer, groups: Sequence[Group], colours: dict[str, Any]) -> None:
+    """Validation loss against steps and against training time, and a summary table."""
+    w.heading(SECTIONS[1])
+    w.text(
+        "Validation loss (token-level NLL, no label smoothing) from each run's TensorBoard "
+        "events, unfinished runs included. Lines: mean over seeds after linear interpolation "
+        "onto a common grid (each seed only inside its own range); band: min–max over seeds. "
+        "Time is training time in whole seconds, evaluation excluded."
+    )
+    plot_curves(w, groups, "steps", colours, "training step")
+    plot_curves(w, groups, "time", colours, "training time (s)")
+    rows = []
+    for group in groups:
+        curves = [r.curves["steps"] for r in group.runs if "steps" in r.curves]
+        best = mean_std(float(y.min()) for _, y in curves)
+        last = mean_std(float(y[-1]) for _, y in curves)
+        steps = mean_std(float(x[-1]) for x, _ in curves)
+        seconds = mean_std(float(r.curves["time"][0][-1]) for r in group.runs if "time" in r.curves)
+        for metric, stats in (
+            ("best_valid_loss", best),
+            ("last_valid_loss", last),
+            ("last_step", steps),
+            ("last_second", seconds),
+        ):
+            record_stats(w, "curves", "valid", group.label, metric, stats)
+        rows.append(
+            [
+                group.label,
+                len(curves),
+                fmt_stats(best, 4),
+                fmt_stats(last, 4),
+                fmt_stats(steps, 0),
+                fmt_stats(seconds, 0),
+            ]
+        )
+    header = ["encoding", "runs with curves", "best valid loss", "last valid loss", "last step"]
+    w.table([*header, "last second"], rows)
+
+
+# ---------------------------------------------------------------- 6. cost
+
+
+def section_cost(w: Writer, groups: Sequence[Group], focus: str, reference: str) -> None:
+    """Training and decoding speed, memory and size per encoding, and relative to the
+    ``reference`` encoding's group with the same other settings (columns ``× REFERENCE``, CSV
+    metrics ``METRIC_vs_REFERENCE``)."""
+    w.heading(SECTIONS[5])
+    values = {g.label: cost_values(g, focus) for g in groups}
+    header = ["encoding"]
+    for label in COST_METRICS.values():
+        header += [label.format(focus=focus), f"× {reference}"]
+    rows = []
+    for group in groups:
+        base = next((g for g in groups if g.pe == reference and g.variant == group.variant), None)
+        cells = [group.label]
+        for metric in COST_METRICS:
+            stats = values[group.label][metric]
+            ref = values[base.label][metric] if base else None
+            ratio = stats[0] / ref[0] if stats and ref and ref[0] else None
+            record_stats(w, "cost", focus, group.label, metric, stats)
+            w.record("cost", focus, group.label, "", f"{metric}_vs_{reference}", ratio)
+            cells += [fmt_stats(stats, 0 if metric != "train_seconds" else 1), fmt(ratio, 2)]
+        rows.append(cells)
+    w.table(header, rows)
+    notes = [
+        "Means over the seeds that report each value. Training time excludes evaluation. "
+        f"Ratios are against `{reference}` (`reference_pe` in the runs' configs, or `--reference`)."
+    ]
+    if any(r.train.get("device") == "cpu" for g in groups for r in g.runs):
+        notes.append(
+            "On CPU, peak memory is the largest resident set of the training process sampled "
+            "while a batch's activations are alive; it includes the corpus and everything else "
+            "the process holds, so only large differences mean something. Speeds are only "
+            "comparable between runs that shared the machine in the same way."
+        )
+    if not any(g.pe == reference for g in groups):
+        notes.append(f"No `{reference}` run: the relative columns are empty.")
+    w.text(*notes)
+
+
+# ---------------------------------------------------------------- 7. attention maps
+
+
+def section_attention(w: Writer, groups: Sequence[Group]) -> None:
+    """One example attention map per encoding (``attention.png``, else drawn from
+    ``attention.npz``) from its lowest-seed run that has one; the encodings without one are
+    named."""
+    w.heading(SECTIONS[6])
+    missing = []
+    for group in groups:
+        run = next(
+            (
+                r
+                for r in group.runs
+                if (r.results / "attention.png").exists() or (r.results / "attention.npz").exists()
+            ),
+            None,
+        )
+        if run is None:
+            missing.append(group.label)
+            continue
+        target = w.out / f"attention_{slug(group.label)}.png"
+        try:
+            if (run.results / "attention.png").exists():
+                shutil.copyfile(run.results / "attention.png", target)
+            else:
+                render_attention(
+                    run.results / "attention.npz", f"{group.label}: {run.name}", target
+                )
+        except Exception as err:  # one unreadable file must not stop the report
+            w.text(
+                f"**{group.label}**: attention map of `{run.name}` unreadable ({first_line(err)})."
+            )
+            continue
+        w.text(f"**{group.label}** (run `{run.name}`):", f"![attention]({target.name})")
+    if missing:
+        w.text("No attention map (`attention.png` / `attention.npz`) for: " + ", ".join(missing))

@@ -1,0 +1,215 @@
+"""The report's sections about scores, one subsection per split of the metrics (the focus split
+first): 3. Scores, 4. Significance (sacreBLEU's paired bootstrap against the best system) and
+5. Length buckets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from posenc.analysis.report.figures import plot_buckets, plot_scores
+from posenc.analysis.report.render import SECTIONS, Table, Writer, fmt, fmt_stats, record_stats
+from posenc.analysis.report.runs import FAILED, Entry, Run
+from posenc.analysis.report.stats import (
+    bucket_values,
+    length_limits,
+    mean_std,
+    p_value,
+    seed_texts,
+    significance_rows,
+    system_order,
+)
+
+#: the score columns: (metric in metrics.json, column label, decimals)
+SCORE_METRICS = (
+    ("bleu", "BLEU", 2),
+    ("chrf", "chrF", 2),
+    ("bertscore_f1", "BERTScore F1", 4),
+    ("loss", "loss", 4),
+)
+
+
+def split_sections(
+    w: Writer,
+    splits: list[str],
+    systems: dict[str, dict[str, list[Entry]]],
+    runs: Sequence[Run],
+    samples: int,
+    colours: dict[str, Any],
+) -> Table | None:
+    """Sections 3–5 (scores, significance, length buckets), one subsection per split of
+    ``splits`` (``systems``: split -> system -> entries). Returns the score table of the first
+    (focus) split, or None when no run is finished yet."""
+    if not splits:
+        for title in SECTIONS[2:5]:
+            w.heading(title)
+            w.text("No finished run yet.")
+        return None
+    w.heading(SECTIONS[2])
+    w.text(
+        "Mean ± sample standard deviation over seeds (no ± for one seed); BLEU and chrF are "
+        "detokenised sacreBLEU; loss is the token-level NLL of the references."
+    )
+    tables = [section_scores(w, split, systems[split], colours) for split in splits]
+    w.heading(SECTIONS[3])
+    w.text(
+        f"sacreBLEU's paired bootstrap resampling (`sacrebleu.significance.PairedTest`, "
+        f"`test_type='bs'`, {samples} resamples, its default seed unless `SACREBLEU_SEED` is "
+        "set) of each system against the best one by mean BLEU. With several seeds the "
+        "hypotheses of the seeds both systems have are concatenated in seed order against "
+        "the references repeated as often; the baseline's own row uses all its seeds. "
+        "p is the chance of a difference at least as large under the null hypothesis."
+    )
+    for split in splits:
+        section_significance(w, split, systems[split], samples)
+    w.heading(SECTIONS[4])
+    limits = length_limits([r for r in runs if r.status != FAILED])
+    w.text(
+        "Training length limits in the configs: "
+        + (", ".join(f"`{k}` = {v:g} {u}" for k, v, u in limits) or "none found")
+        + " (vertical lines where they fall inside the plotted buckets)."
+    )
+    for split in splits:
+        section_buckets(w, split, systems[split], limits, colours)
+    return tables[0]
+
+
+# ---------------------------------------------------------------- 3. scores
+
+
+def section_scores(
+    w: Writer, split: str, systems: dict[str, list[Entry]], colours: dict[str, Any]
+) -> Table:
+    """BLEU, chrF, BERTScore F1 and loss per system (mean ± std over seeds), a bar chart, and
+    the metric signatures. Returns the score table as written."""
+    w.heading(f"{split}", 3)
+    rows = []
+    for name in system_order(systems):
+        entries = systems[name]
+        cells = [name, len(entries), fmt(entries[0].scores.get("sentences"))]
+        for metric, _, digits in SCORE_METRICS:
+            for entry in entries:
+                w.record("scores", split, name, entry.run.name, metric, entry.scores.get(metric))
+            stats = mean_std(e.scores.get(metric) for e in entries)
+            record_stats(w, "scores", split, name, metric, stats)
+            cells.append(fmt_stats(stats, digits))
+        rows.append(cells)
+    header = ["system", "seeds", "sentences", *[label for _, label, _ in SCORE_METRICS]]
+    table = w.table(header, rows)
+    signature_lines(w, systems)
+    plot_scores(w, split, systems, colours)
+    return table
+
+
+def signature_lines(w: Writer, systems: dict[str, list[Entry]]) -> None:
+    """The sacreBLEU signatures and the BERTScore model/layer (or the reason it is null)."""
+    scores = [e.scores for entries in systems.values() for e in entries]
+    lines = []
+    for key, label in (("bleu_signature", "BLEU"), ("chrf_signature", "chrF")):
+        signatures = dict.fromkeys(str(s.get(key)) for s in scores if s.get(key))
+        lines.append(
+            f"- sacreBLEU {label} signature: "
+            + (", ".join(f"`{sig}`" for sig in signatures) or "—")
+            + (" (**differs between runs**)" if len(signatures) > 1 else "")
+        )
+    models = dict.fromkeys(
+        f"`{s.get('bertscore_model')}` layer {s.get('bertscore_layer')}, "
+        f"hash `{s.get('bertscore_hash')}`"
+        for s in scores
+        if s.get("bertscore_f1") is not None
+    )
+    reasons = dict.fromkeys(
+        str(s.get("bertscore_reason")) for s in scores if s.get("bertscore_f1") is None
+    )
+    if models:
+        lines.append("- BERTScore: " + "; ".join(models))
+    if reasons:
+        lines.append("- BERTScore null: " + "; ".join(reasons))
+    w.text(*lines)
+
+
+# ---------------------------------------------------------------- 4. significance
+
+
+def section_significance(
+    w: Writer, split: str, systems: dict[str, list[Entry]], samples: int
+) -> None:
+    """Paired bootstrap p-values of every system against the best one on ``split``."""
+    w.heading(f"{split}", 3)
+    usable = {name: entries for name, entries in systems.items() if seed_texts(entries)}
+    if len(usable) < 2:
+        w.text("Fewer than two systems have hypothesis files for this split: nothing to compare.")
+        return
+    baseline = system_order(usable)[0]
+    rows, signatures = significance_rows(usable, baseline, samples)
+    table = []
+    for row in rows:
+        cells = [row.system, ", ".join(map(str, row.seeds)) or "—"]
+        for metric in ("bleu", "chrf"):
+            result, p = row.results.get(metric), p_value(row, metric)
+            score = None if result is None else result.score
+            for name, value in ((metric, score), (f"p_{metric}", p)):
+                w.record("significance", split, row.system, "", name, value)
+            ci = (
+                ""
+                if result is None or result.ci is None
+                else (f" ({result.mean:.2f} ± {result.ci:.2f})")
+            )
+            cells += [fmt(score) + ci, "baseline" if row.system == baseline else fmt(p, 4)]
+        table.append([*cells, row.note if row.note != "baseline" else ""])
+    w.table(
+        [
+            "system",
+            "seeds",
+            "BLEU (bootstrap mean ± 95% CI)",
+            "p (BLEU)",
+            "chrF (bootstrap mean ± 95% CI)",
+            "p (chrF)",
+            "note",
+        ],
+        table,
+    )
+    w.text(
+        f"Baseline: **{baseline}** (best mean BLEU). Test signatures: "
+        + ", ".join(f"{m} `{s}`" for m, s in signatures.items())
+    )
+
+
+# ---------------------------------------------------------------- 5. length buckets
+
+
+def section_buckets(
+    w: Writer,
+    split: str,
+    systems: dict[str, list[Entry]],
+    limits: list[tuple[str, float, str]],
+    colours: dict[str, Any],
+) -> None:
+    """BLEU and loss per source-length bucket (mean over seeds; the buckets from the first to
+    the last with sentences), two tables and a figure with the length ``limits``."""
+    w.heading(f"{split}", 3)
+    edges, sentences, values = bucket_values(systems)
+    filled = [i for i, edge in enumerate(edges) if sentences[edge] > 0]
+    if not filled:
+        w.text("No length buckets in the metrics of this split.")
+        return
+    edges = edges[filled[0] : filled[-1] + 1]
+    offset = filled[0]
+    values = {
+        name: {m: v[offset : offset + len(edges)] for m, v in per.items()}
+        for name, per in values.items()
+    }
+    header = ["system", *[f"{lo}–{hi - 1} ({sentences[(lo, hi)]})" for lo, hi in edges]]
+    for metric, digits in (("bleu", 2), ("loss", 4)):
+        w.text(
+            f"{'BLEU' if metric == 'bleu' else 'Loss'} by source length in tokens "
+            "(sentences in brackets), mean over seeds:"
+        )
+        rows = []
+        for name in system_order(systems):
+            row = values[name][metric]
+            for (lo, hi), value in zip(edges, row, strict=True):
+                w.record("buckets", split, name, "", f"{metric}[{lo},{hi})", value)
+            rows.append([name, *[fmt(v, digits) for v in row]])
+        w.table(header, rows)
+    plot_buckets(w, split, edges, values, limits, colours)

@@ -1,0 +1,273 @@
+"""The report's numbers: means over seeds, the ranking of systems, sacreBLEU's paired bootstrap,
+length buckets and limits, cost, and learning curves averaged over seeds. Numbers only: no
+markdown, no figures."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from posenc.analysis.report.runs import Curve, Entry, Group, Run
+from posenc.config import LENGTH_LIMITS
+
+#: the note of a system whose output equals the baseline's (its p-value is 1 by definition)
+IDENTICAL = "output identical to the baseline's: p = 1"
+#: the most points a curve averaged over seeds is evaluated at
+MAX_GRID = 300
+
+#: a mean over seeds: (mean, sample standard deviation, number of values)
+Stats = tuple[float, float, int]
+
+
+def finite(values: Iterable[Any]) -> list[float]:
+    """The finite numbers among ``values`` as floats (None, NaN, booleans and text dropped)."""
+    return [
+        float(v)
+        for v in values
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ]
+
+
+def mean_std(values: Iterable[Any]) -> Stats | None:
+    """Mean, sample standard deviation (0 for one value) and count, or None without values."""
+    vals = finite(values)
+    if not vals:
+        return None
+    return statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0, len(vals)
+
+
+def system_order(systems: dict[str, list[Entry]]) -> list[str]:
+    """The systems' names by mean BLEU, best first (systems without BLEU last, ties by name)."""
+
+    def key(name: str) -> tuple[float, str]:
+        stats = mean_std(e.scores.get("bleu") for e in systems[name])
+        return (-stats[0] if stats else math.inf, name)
+
+    return sorted(systems, key=key)
+
+
+# ---------------------------------------------------------------- significance
+
+
+@dataclass
+class Paired:
+    """A row of the significance table: a system, the seeds it was compared on, its sacreBLEU
+    results per metric (``{"bleu": Result, "chrf": Result}``) and a note (why it was not
+    compared, ``baseline`` or :data:`IDENTICAL`)."""
+
+    system: str
+    seeds: tuple[int, ...] = ()
+    results: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+def read_lines(path: Path) -> list[str] | None:
+    """The lines of a hypothesis/reference file (empty lines kept), or None if it is missing."""
+    if not path.exists():
+        return None
+    text = path.read_text(encoding="utf-8")
+    return (text[:-1] if text.endswith("\n") else text).split("\n")
+
+
+def seed_texts(entries: Sequence[Entry]) -> dict[int, tuple[list[str], list[str]]]:
+    """Per seed (first run of a seed), ``(hypotheses, references)`` whose lengths agree; seeds
+    without both files are left out."""
+    texts: dict[int, tuple[list[str], list[str]]] = {}
+    for entry in entries:
+        hyps, refs = read_lines(entry.hypotheses), read_lines(entry.references)
+        if hyps and refs and len(hyps) == len(refs) and entry.run.seed not in texts:
+            texts[entry.run.seed] = (hyps, refs)
+    return texts
+
+
+def paired_bootstrap(
+    named: list[tuple[str, list[str]]], references: list[str], samples: int
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """sacreBLEU's paired bootstrap test of ``named[1:]`` against ``named[0]`` on BLEU and chrF.
+
+    Returns per system ``{"bleu": Result, "chrf": Result}`` (``score``, ``p_value``, bootstrap
+    ``mean`` and 95% ``ci``; the baseline has no p-value) and the test signatures
+    ``{"bleu": str, "chrf": str}``.
+    """
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    metrics = {"bleu": BLEU(), "chrf": CHRF()}
+    test = PairedTest(named, metrics, [references], test_type="bs", n_samples=samples)
+    signatures, scores = test()
+    names = [k for k in scores if k != "System"]  # sacrebleu's own names: BLEU, chrF2
+    results = [
+        {m: scores[n][i] for m, n in zip(metrics, names, strict=True)} for i in range(len(named))
+    ]
+    return results, {m: str(signatures[n]) for m, n in zip(metrics, names, strict=True)}
+
+
+def _concat(
+    texts: dict[int, tuple[list[str], list[str]]], seeds: Iterable[int], side: int
+) -> list[str]:
+    return [line for s in seeds for line in texts[s][side]]
+
+
+def significance_rows(
+    systems: dict[str, list[Entry]], baseline: str, samples: int
+) -> tuple[list[Paired], dict[str, str]]:
+    """Every system against ``baseline`` on the seeds both have (hypotheses concatenated in seed
+    order); systems sharing the same seeds go through one ``PairedTest``. The baseline's own row
+    (first) uses all its seeds; the others follow by mean BLEU. A system whose output equals the
+    baseline's gets p = 1 (sacrebleu's formula gives 1/(N+1) for a zero difference). Returns the
+    rows and the test signatures (``{"bleu": str, "chrf": str}``)."""
+    base = seed_texts(systems[baseline])
+    top = Paired(baseline, tuple(sorted(base)), note="baseline")
+    rows = [top]
+    by_seeds: dict[tuple[int, ...], list[Paired]] = {top.seeds: []}
+    hyps: dict[str, list[str]] = {}
+    for name in system_order(systems):
+        if name == baseline:
+            continue
+        texts = seed_texts(systems[name])
+        row = Paired(name, tuple(sorted(set(texts) & set(base))))
+        rows.append(row)
+        if not row.seeds:
+            row.note = "no hypotheses for a seed the baseline has"
+        elif any(texts[s][1] != base[s][1] for s in row.seeds):
+            row.note = "references differ from the baseline's"
+        else:
+            hyps[name] = _concat(texts, row.seeds, 0)
+            by_seeds.setdefault(row.seeds, []).append(row)
+            if hyps[name] == _concat(base, row.seeds, 0):
+                row.note = IDENTICAL
+    signatures: dict[str, str] = {}
+    for seeds, group in by_seeds.items():
+        named = [(baseline, _concat(base, seeds, 0)), *[(r.system, hyps[r.system]) for r in group]]
+        results, signatures = paired_bootstrap(named, _concat(base, seeds, 1), samples)
+        if seeds == top.seeds:
+            top.results = results[0]
+        for row, result in zip(group, results[1:], strict=True):
+            row.results = result
+    return rows, signatures
+
+
+def p_value(row: Paired, metric: str) -> float | None:
+    """The row's p-value on ``metric`` (1 for output identical to the baseline's; None for the
+    baseline and for rows that were not compared)."""
+    if row.note == IDENTICAL:
+        return 1.0
+    result = row.results.get(metric)
+    return None if result is None else result.p_value
+
+
+# ---------------------------------------------------------------- length buckets
+
+
+def bucket_values(
+    systems: dict[str, list[Entry]],
+) -> tuple[list[tuple[int, int]], dict[tuple[int, int], int], dict[str, dict[str, list]]]:
+    """The buckets ``(min, max)`` sorted, sentences per bucket, and per system
+    ``{"bleu": [...], "loss": [...]}``: the mean over seeds per bucket (None where no seed has
+    sentences there)."""
+    buckets: dict[tuple[int, int], int] = {}
+    for entries in systems.values():
+        for entry in entries:
+            for b in entry.scores.get("buckets") or []:
+                key = (b["min"], b["max"])
+                buckets[key] = max(buckets.get(key, 0), int(b.get("sentences") or 0))
+    edges = sorted(buckets)
+    values: dict[str, dict[str, list]] = {}
+    for name, entries in systems.items():
+        rows = [b for e in entries for b in e.scores.get("buckets") or []]
+        values[name] = {}
+        for metric in ("bleu", "loss"):
+            means = [
+                mean_std(b.get(metric) for b in rows if (b["min"], b["max"]) == edge)
+                for edge in edges
+            ]
+            values[name][metric] = [None if m is None else m[0] for m in means]
+    return edges, buckets, values
+
+
+def length_limits(runs: Sequence[Run]) -> list[tuple[str, float, str]]:
+    """The training length limits the runs' configs set: ``(key, value, unit)`` for every key of
+    :data:`posenc.config.LENGTH_LIMITS` a config gives a finite value (each pair once)."""
+    limits: dict[tuple[str, float], str] = {}
+    for run in runs:
+        for key, unit in LENGTH_LIMITS.items():
+            value = run.config.get(key)
+            if finite([value]):
+                limits.setdefault((key, float(value)), unit)
+    return [(key, value, unit) for (key, value), unit in limits.items()]
+
+
+def bucket_position(value: float, edges: Sequence[tuple[int, int]]) -> float | None:
+    """Where ``value`` falls on the categorical bucket axis (bucket i spans i-0.5..i+0.5), or
+    None outside the buckets."""
+    for i, (low, high) in enumerate(edges):
+        if low <= value < high:
+            return i - 0.5 + (value - low) / (high - low)
+    return None
+
+
+# ---------------------------------------------------------------- cost
+
+
+#: the cost metrics: CSV name -> column label (``{focus}`` is the focus split)
+COST_METRICS = {
+    "train_tokens_per_s": "train tokens/s",
+    "peak_memory_mb": "peak memory MB",
+    "decode_tokens_per_s": "decode tokens/s ({focus})",
+    "parameters": "parameters",
+    "train_seconds": "train s",
+}
+
+
+def cost_values(group: Group, focus: str) -> dict[str, Stats | None]:
+    """Per metric of :data:`COST_METRICS`, the mean over seeds of training speed, peak memory,
+    decoding speed on ``focus``, parameters and training time."""
+    runs = group.runs
+    return {
+        "train_tokens_per_s": mean_std(r.train.get("train_tokens_per_s") for r in runs),
+        "peak_memory_mb": mean_std(r.train.get("peak_memory_mb") for r in runs),
+        "decode_tokens_per_s": mean_std(
+            r.metrics.get("splits", {}).get(focus, {}).get("decode_tokens_per_s") for r in runs
+        ),
+        "parameters": mean_std(r.train.get("parameters") for r in runs),
+        "train_seconds": mean_std(r.train.get("train_seconds") for r in runs),
+    }
+
+
+# ---------------------------------------------------------------- learning curves
+
+
+def common_grid(curves: Sequence[Curve]) -> np.ndarray:
+    """The union of the curves' x values, or an even grid of :data:`MAX_GRID` points over their
+    range when that is longer."""
+    grid = np.unique(np.concatenate([x for x, _ in curves]))
+    if len(grid) > MAX_GRID:
+        grid = np.linspace(grid[0], grid[-1], MAX_GRID)
+    return grid
+
+
+def aggregate_curves(curves: Sequence[Curve], grid: np.ndarray) -> dict[str, np.ndarray]:
+    """Seeds interpolated onto ``grid`` (each only inside its own range, never extrapolated):
+    ``{"x", "mean", "min", "max", "count"}`` (arrays of one length: the grid points, and there the
+    mean, min and max over the seeds and how many seeds cover each); points no seed covers are
+    dropped."""
+    values = np.full((len(curves), len(grid)), np.nan)
+    for i, (x, y) in enumerate(curves):
+        inside = (grid >= x[0]) & (grid <= x[-1])
+        values[i, inside] = np.interp(grid[inside], x, y)
+    count = np.sum(~np.isnan(values), axis=0)
+    keep = count > 0
+    values = values[:, keep]
+    return {
+        "x": grid[keep],
+        "mean": np.nanmean(values, axis=0),
+        "min": np.nanmin(values, axis=0),
+        "max": np.nanmax(values, axis=0),
+        "count": count[keep],
+    }
