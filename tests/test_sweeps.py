@@ -60,7 +60,7 @@ def test_rerunning_a_sweep_runs_only_the_failed_and_missing_jobs(tmp_path, monke
     trained = []
 
     def recording_train(cfg, run_dir, start=None):
-        trained.append(run_dir)
+        trained.append(run_dir.path)
         return real_train(cfg, run_dir, start)
 
     real_train = cli.train
