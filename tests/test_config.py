@@ -1,0 +1,72 @@
+"""Each config group has one typed description (``posenc.config``): every YAML of the group fits
+it key for key, and it refuses what does not fit with one line."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+from conftest import ROOT
+from omegaconf import OmegaConf
+
+from posenc.config import (
+    CONFIG_GROUPS,
+    SETTINGS,
+    EvalConfig,
+    ModelConfig,
+    RunSettings,
+    TrainerConfig,
+    flatten,
+)
+
+GROUP_FILES = [
+    (group, path)
+    for group in (ModelConfig, TrainerConfig, EvalConfig)
+    for path in sorted((ROOT / "configs" / group.GROUP).glob("*.yaml"))
+]
+
+
+@pytest.mark.parametrize(("group", "path"), GROUP_FILES, ids=lambda x: getattr(x, "stem", ""))
+def test_every_yaml_of_a_group_has_exactly_the_described_keys(group, path):
+    node = OmegaConf.load(path)
+    assert sorted(node) == sorted(f.name for f in fields(group))
+    assert group.of(node) is not None
+
+
+def test_the_top_level_keys_of_train_yaml_are_described():
+    top = OmegaConf.load(ROOT / "configs" / "train.yaml")
+    scalars = {k for k in top if k not in ("defaults", "hydra")}
+    assert scalars == {f.name for f in fields(RunSettings)}
+
+
+def test_the_checked_settings_are_the_groups_fields():
+    assert set(SETTINGS) == {key for g in CONFIG_GROUPS for key in g.settings()}
+    assert "model.d_model" in SETTINGS and "trainer.lr" in SETTINGS and "seed" in SETTINGS
+
+
+def test_a_group_refuses_an_unknown_a_missing_or_a_bad_value_in_one_line():
+    node = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / "cpu.yaml"))
+    with pytest.raises(ValueError, match=r"^model.d_modle is not a model setting; the settings"):
+        ModelConfig.of({**node, "d_modle": 64})
+    with pytest.raises(ValueError, match=r"^model.d_ff is missing"):
+        ModelConfig.of({k: v for k, v in node.items() if k != "d_ff"})
+    with pytest.raises(ValueError, match=r"^model.dropout=1.5 must be a number in \[0, 1\)$"):
+        ModelConfig.of({**node, "dropout": 1.5})
+
+
+def test_a_group_built_in_code_is_checked_too():
+    with pytest.raises(ValueError, match=r"^model.n_heads=0 must be an integer >= 1$"):
+        ModelConfig(d_model=8, n_heads=0, d_ff=8, encoder_layers=1, decoder_layers=1, dropout=0.0)
+
+
+def test_the_trainer_budget_is_steps_or_seconds_whichever_comes_first():
+    default = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "trainer" / "default.yaml"))
+    both = TrainerConfig.of({**default, "max_steps": 10, "max_time": 5.0})
+    assert not both.budget_spent(9, 4.9)
+    assert both.budget_spent(10, 0.0) and both.budget_spent(3, 5.0)
+    steps_only = TrainerConfig.of({**default, "max_steps": 10, "max_time": None})
+    assert not steps_only.budget_spent(9, 1e9)
+
+
+def test_flatten_joins_keys_with_dots_and_keeps_lists_and_empty_mappings():
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": {}}) == {"a.b": 1, "a.c": [1, 2], "d": {}}
