@@ -5,9 +5,6 @@ PY := $(VENV)/bin/python
 # CPU machines take torch from local disk with this pin; on a GPU machine use TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
 SWEEP ?= outputs/sweeps/demo
-# part 1 (local WMT14 mix): the seed report's encodings + alibi and t5; part 2 (toy): all of them
-DEMO_PES ?= nonepe,sinpe,rpe,rope,alibi,t5
-DEMO_TOY_PES ?= nonepe,sinpe,learned,rpe,t5,rope,alibi,fox,kerple,xpos,cope,sba
 
 .PHONY: help install test test-all lint demo report bench clean
 
@@ -33,9 +30,10 @@ lint: install  ## ruff
 	$(VENV)/bin/ruff check src tests scripts train.py
 	$(VENV)/bin/ruff format --check src tests scripts train.py
 
+# the encodings each part sweeps are its preset's: configs/experiment/demo.yaml, demo_toy.yaml
 demo: install  ## the main job (~15 min): two short sweeps, their reports and readings
-	HF_HUB_OFFLINE=1 $(PY) train.py -m experiment=demo pe=$(DEMO_PES)
-	HF_HUB_OFFLINE=1 $(PY) train.py -m experiment=demo_toy pe=$(DEMO_TOY_PES)
+	HF_HUB_OFFLINE=1 $(PY) train.py -m experiment=demo
+	HF_HUB_OFFLINE=1 $(PY) train.py -m experiment=demo_toy
 	$(PY) scripts/report.py outputs/sweeps/demo --split tatoeba
 	$(PY) scripts/report.py outputs/sweeps/demo_toy
 	@echo "curves: $(VENV)/bin/tensorboard --logdir outputs/sweeps"

@@ -1,5 +1,6 @@
 """Speed of every positional encoding: a training step and cached greedy decoding, as ratios to
-``nonepe`` measured in the same run (``scripts/bench.py``).
+the reference encoding (``reference_pe`` in ``configs/train.yaml``) measured in the same run
+(``scripts/bench.py``).
 
 What is timed, per encoding (every ``configs/pe/*.yaml``, or a subset) and length ``L``:
 
@@ -22,8 +23,9 @@ Fairness on a noisy machine (timings vary about ±15% from run to run):
   by one each repetition, so slow drifts of the machine's load hit all of them alike;
 * each (encoding, length) is warmed up before timing (allocations, AdamW state, caches);
 * garbage collection runs before, and is disabled during, each timed call;
-* reports give medians over repetitions, the ratio of medians to ``nonepe`` (always measured
-  as the reference), and the median of per-repetition ratios (paired, more robust to drift).
+* reports give medians over repetitions, the ratio of medians to the reference encoding's
+  (always measured), the median of per-repetition ratios (paired, more robust to drift), and
+  the verdict on each encoding class's own target (:attr:`StackEncoding.speed_target`).
 
 Memory (Linux only, after the timing so that it cannot disturb it): glibc is told to serve
 every allocation above 64 KiB with its own mapping, which is returned to the OS when freed;
@@ -52,9 +54,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from posenc.config import CONFIG_DIR
+from posenc.config import CONFIG_DIR, reference_encoding
 from posenc.model.factory import PAD_ID, build_named_model, select_encodings
 from posenc.model.seq2seq import Seq2Seq, count_parameters
 from posenc.training.losses import token_loss
@@ -62,18 +65,9 @@ from posenc.training.optim import make_optimizer
 
 log = logging.getLogger("posenc.analysis.bench")
 
-REFERENCE = "nonepe"
-KINDS = {
-    "train": "Training step (forward + backward + AdamW)",
-    "decode": "Cached greedy decoding",
-}
+KINDS = {"train": "Training step (forward + backward + AdamW)", "decode": "Cached greedy decoding"}
 TARGET_LENGTH = 128
-TARGETS = {
-    **dict.fromkeys(["sinpe", "learned", "rope", "xpos", "alibi"], 1.10),
-    **dict.fromkeys(["rpe", "t5", "kerple", "fox"], 1.35),
-    **dict.fromkeys(["cope", "sba"], 2.0),
-}
-"""Training-step time at length :data:`TARGET_LENGTH` as a ratio to ``nonepe``, at most."""
+"""The length at which training steps are held to their encodings' speed targets."""
 
 _M_MMAP_THRESHOLD = -3
 _M_TRIM_THRESHOLD = -1
@@ -93,10 +87,11 @@ class BenchSettings:
     vocab_size: int = 8000
     seed: int = 0
     memory: bool = True
+    reference: str = field(default_factory=reference_encoding)
 
     def __post_init__(self) -> None:
-        if REFERENCE not in self.encodings:
-            self.encodings = [REFERENCE, *self.encodings]
+        if self.reference not in self.encodings:
+            self.encodings = [self.reference, *self.encodings]
         if min(self.lengths) < 1 or self.tokens < 1 or self.repeats < 1 or self.warmup < 0:
             raise ValueError("lengths, tokens and repeats must be positive and warmup >= 0")
         if self.decode_batch < 1:
@@ -322,16 +317,16 @@ def run_memory(
 
 
 def summarise(
-    samples: dict[str, dict[str, dict[str, list[float]]]],
+    samples: dict[str, dict[str, dict[str, list[float]]]], reference_name: str
 ) -> dict[str, dict[str, dict[str, dict[str, float | None]]]]:
-    """Medians and ratios to ``nonepe``: ``{kind: {encoding: {length: figures}}}``.
+    """Medians and ratios to the reference: ``{kind: {encoding: {length: figures}}}``.
 
-    ``ratio`` is the median over the median of ``nonepe``; ``ratio_paired`` the median over
+    ``ratio`` is the median over the reference's median; ``ratio_paired`` the median over
     repetitions of each repetition's ratio (both ran in the same round).
     """
     summary: dict[str, dict[str, dict[str, dict[str, float | None]]]] = {}
     for kind, per_encoding in samples.items():
-        reference = per_encoding.get(REFERENCE, {})
+        reference = per_encoding.get(reference_name, {})
         summary[kind] = {}
         for name, per_length in per_encoding.items():
             summary[kind][name] = {}
@@ -352,9 +347,19 @@ def summarise(
     return summary
 
 
-def target_verdict(name: str, summary: dict[str, Any]) -> tuple[float | None, str]:
-    """``(target, 'pass'|'miss'|'-')`` of the training step at :data:`TARGET_LENGTH`."""
-    target = TARGETS.get(name)
+def speed_target(name: str, config_dir: Path = CONFIG_DIR) -> float | None:
+    """The :attr:`StackEncoding.speed_target` of the class ``configs/pe/NAME.yaml`` builds (None:
+    no target, or no such config)."""
+    path = config_dir / "pe" / f"{name}.yaml"
+    return get_class(OmegaConf.load(path)._target_).speed_target if path.exists() else None
+
+
+def target_verdict(
+    name: str, summary: dict[str, Any], targets: dict[str, float] | None = None
+) -> tuple[float | None, str]:
+    """``(target, 'pass'|'miss'|'-')`` of the training step at :data:`TARGET_LENGTH`; the
+    target is looked up in ``targets``, else read from the encoding's class."""
+    target = targets.get(name) if targets is not None else speed_target(name)
     figures = summary.get("train", {}).get(name, {}).get(str(TARGET_LENGTH))
     if target is None or figures is None or figures["ratio"] is None:
         return target, "-"
@@ -362,20 +367,21 @@ def target_verdict(name: str, summary: dict[str, Any]) -> tuple[float | None, st
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The report's tables: milliseconds and ratio to ``nonepe`` per encoding and length."""
+    """The report's tables: milliseconds and ratio to the reference per encoding and length."""
     settings, machine, summary = result["settings"], result["machine"], result["summary"]
+    reference, targets = settings["reference"], result["targets"]["max_ratio"]
     lengths = [str(length) for length in settings["lengths"]]
-    n_params = f"{result['parameters'][REFERENCE]:,}" if REFERENCE in result["parameters"] else "?"
+    n_params = f"{result['parameters'][reference]:,}" if reference in result["parameters"] else "?"
     lines = [
         "# Speed of the positional encodings",
         "",
-        f"Model `{settings['model']}` ({n_params} parameters with nonepe), vocabulary "
+        f"Model `{settings['model']}` ({n_params} parameters with {reference}), vocabulary "
         f"{settings['vocab_size']}, {settings['tokens']} tokens per side per training batch, "
         f"decoding {settings['decode_batch']} sources of L tokens into L tokens. "
         f"Medians of {settings['repeats']} interleaved repetitions after {settings['warmup']} "
         f"warm-up; torch {machine['torch']}, {machine['torch_threads']} threads, "
         f"{machine['cpus_available']} CPUs; load average at start {machine['load_average']}.",
-        "Each cell: milliseconds (ratio to nonepe measured in the same run).",
+        f"Each cell: milliseconds (ratio to {reference} measured in the same run).",
     ]
     for kind, title in KINDS.items():
         per_encoding = summary.get(kind, {})
@@ -395,7 +401,7 @@ def markdown(result: dict[str, Any]) -> str:
                 ratio_text = f" ({ratio:.2f})" if ratio is not None else ""
                 cells.append(f"{1000 * figures['median_s']:.1f}{ratio_text}")
             if kind == "train":
-                target, verdict = target_verdict(name, summary)
+                target, verdict = target_verdict(name, summary, targets)
                 cells += ["-" if target is None else f"<= {target:.2f}", verdict]
             lines.append("| " + " | ".join(cells) + " |")
     memory = result["memory_mb"]
@@ -418,13 +424,14 @@ def run(settings: BenchSettings) -> dict[str, Any]:
     workloads, samples, errors = run_timing(settings)
     memory = run_memory(settings, workloads) if settings.memory else None
     machine["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    targets = {name: speed_target(name) for name in settings.encodings}
     return {
         "machine": machine,
         "settings": asdict(settings),
         "parameters": {name: count_parameters(work.model) for name, work in workloads.items()},
-        "targets": {"length": TARGET_LENGTH, "kind": "train", "max_ratio": TARGETS},
+        "targets": {"length": TARGET_LENGTH, "kind": "train", "max_ratio": targets},
         "samples_s": samples,
-        "summary": summarise(samples),
+        "summary": summarise(samples, settings.reference),
         "memory_mb": memory,
         "errors": errors,
     }
@@ -439,7 +446,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line of ``scripts/bench.py``."""
     parser = argparse.ArgumentParser(
         description="Time a training step and cached greedy decoding for every encoding "
-        "(configs/pe/*.yaml) and report ratios to nonepe measured in the same run."
+        "(configs/pe/*.yaml) and report ratios to the reference encoding measured alongside."
     )
     parser.add_argument("--pe", default=None, help="comma-separated subset (default: all)")
     parser.add_argument("--lengths", type=_int_list, default=None, help="default 64,128,256")

@@ -3,7 +3,7 @@
 The model is the untrained, seeded Seq2Seq of ``configs/model/MODEL.yaml`` with the encoding of
 ``configs/pe/NAME.yaml`` (or a trained run's checkpoint, ``--run DIR``), in eval mode. All is
 read through the encoding interface, so any encoding with a config is drawn without code of its
-own; rotary rules get one extra panel. The panels:
+own; a rule that declares :attr:`AttentionRule.rotates_qk` gets one extra panel. The panels:
 
 * **input level**: the absolute table ``encoding.embed(zeros(1, L, d), arange(L))``, positions x
   dims (left out, with a note, when the encoding adds nothing to the input);
@@ -14,12 +14,12 @@ own; rotary rules get one extra panel. The panels:
   for one query (middle of the encoder, last of the decoder) against the distance ``i - j``
   (positive: key before the query) — for a bias encoding, the bias up to a constant — and as
   the full ``(L, L)`` weight matrix of head 0;
-* **bias**: for rules that override :meth:`AttentionRule.bias` (ALiBi, T5, KERPLE, FoX), the
-  bias itself per head against distance, for the same query and constant input;
-* **rotary** (rules of :mod:`posenc.model.encodings.rotary`): ``q_i . k_j / D`` against
-  ``i - j`` with
-  ``q = k`` one fixed random vector at every position, and averaged over 512 random vectors
-  (RoFormer's long-term decay; xPos adds its decay in the decoder);
+* **bias**: for rules whose :meth:`AttentionRule.bias` gives one, the bias per head against
+  distance, for the same query and constant input (entries at or below the rule's
+  :attr:`AttentionRule.masking_bias` are a mask, left out);
+* **rotary**: for rules that declare :attr:`AttentionRule.rotates_qk`, ``q_i . k_j / D`` against
+  ``i - j`` with ``q = k`` one fixed random vector at every position, and averaged over 512
+  random vectors (the long-term decay of the rotation);
 * **content**: the weights of the first four heads on an example sequence of random tokens
   (what content-dependent encodings such as CoPE, FoX and stick-breaking add shows up here;
   for the others it is the untrained model's content noise on top of the position pattern).
@@ -49,15 +49,9 @@ from omegaconf import OmegaConf
 from torch import Tensor
 
 from posenc.model.attention import MultiHeadAttention
-from posenc.model.encodings.alibi import SPLIT_PENALTY
 from posenc.model.encodings.base import AttentionCall, AttentionRule, EncodingModule, StackEncoding
 from posenc.model.factory import build_named_model, load_run_model, select_encodings
 from posenc.model.seq2seq import Seq2Seq
-
-try:  # rotary encodings are optional: the plots work without them
-    from posenc.model.encodings.rotary import RotaryRule
-except ImportError:  # pragma: no cover
-    RotaryRule = None
 
 ROTARY_SAMPLES = 512
 HEATMAP_HEADS = 4
@@ -161,11 +155,6 @@ def _numpy(x: Tensor) -> np.ndarray:
     return x.detach().float().cpu().numpy()
 
 
-def _overrides_bias(rule: AttentionRule) -> bool:
-    """True when the rule adds a logit bias of its own (the base class adds none)."""
-    return type(rule).bias is not AttentionRule.bias
-
-
 def _row_with_mask(matrix: Tensor, call: AttentionCall, query: int) -> Tensor:
     """Row ``query`` of ``matrix (H, Lq, Lk)`` with keys the call does not allow set to NaN."""
     row = matrix[:, query].float()
@@ -195,15 +184,16 @@ def rotary_scores(
 
 
 def stack_view(
-    attention: MultiHeadAttention,
-    encoding: StackEncoding,
+    stack: torch.nn.Module,
     constant: Layer0Inputs,
     random: Layer0Inputs,
     random_tokens: Tensor,
     query: int,
     seed: int,
 ) -> StackView:
-    """The arrays of one stack from its layer-0 inputs on constant and on random tokens."""
+    """The arrays of one stack (encoder or decoder) from its layer-0 inputs on constant and on
+    random tokens."""
+    attention, encoding = stack.layers[0].self_attn, stack.encoding
     length = constant.x.shape[1]
     weights = attention.attention_weights(constant.x, constant.call)[0].float()  # (H, L, L)
     row = _row_with_mask(weights, constant.call, query)
@@ -218,14 +208,14 @@ def stack_view(
         tokens_random=random_tokens.numpy(),
     )
     rule = attention.rule
-    if _overrides_bias(rule):
-        bias = rule.bias(constant.q, constant.k, constant.state, constant.call)
-        if isinstance(bias, Tensor):
-            bias = bias[0].expand(encoding.n_heads, length, length)
-            row = _row_with_mask(bias, constant.call, query)
-            # a split head's other side carries a masking penalty, not a bias worth plotting
-            view.bias = _numpy(row.masked_fill(row <= SPLIT_PENALTY, float("nan")))
-    if RotaryRule is not None and isinstance(rule, RotaryRule):
+    bias = rule.bias(constant.q, constant.k, constant.state, constant.call)  # None: no bias
+    if isinstance(bias, Tensor):
+        bias = bias[0].expand(encoding.n_heads, length, length)
+        row = _row_with_mask(bias, constant.call, query)
+        if rule.masking_bias is not None:  # keys the head does not look at: no bias
+            row = row.masked_fill(row <= rule.masking_bias, float("nan"))
+        view.bias = _numpy(row)
+    if rule.rotates_qk:
         view.rotary_score, view.rotary_mean = rotary_scores(rule, encoding, length, query, seed)
     return view
 
@@ -255,17 +245,15 @@ def encoding_view(
     random_src = ordinary[torch.randint(len(ordinary), (1, length), generator=generator)]
     random_tgt = ordinary[torch.randint(len(ordinary), (1, length), generator=generator)]
     constant_tokens = torch.full((1, length), int(ordinary[0]))
-    inputs: dict[str, dict[str, Layer0Inputs]] = {}
-    for kind, (src, tgt) in {
-        "constant": (constant_tokens, constant_tokens),
-        "random": (random_src, random_tgt),
-    }.items():
+    inputs: dict[str, list[Layer0Inputs]] = {"encoder": [], "decoder": []}  # constant, random
+    for src, tgt in ((constant_tokens, constant_tokens), (random_src, random_tgt)):
         with (
             capture_layer0(model.encoder.layers[0].self_attn) as enc,
             capture_layer0(model.decoder.layers[0].self_attn) as dec,
         ):
             model(src, tgt)
-        inputs[kind] = {"encoder": enc, "decoder": dec}
+        inputs["encoder"].append(enc)
+        inputs["decoder"].append(dec)
     view = EncodingView(
         name=name,
         encoding=model.encoder.encoding,
@@ -278,15 +266,7 @@ def encoding_view(
     queries = {"encoder": length // 2, "decoder": length - 1}
     tokens = {"encoder": random_src[0], "decoder": random_tgt[0]}
     for site, stack in stacks.items():
-        view.stacks[site] = stack_view(
-            stack.layers[0].self_attn,
-            stack.encoding,
-            inputs["constant"][site],
-            inputs["random"][site],
-            tokens[site],
-            queries[site],
-            seed,
-        )
+        view.stacks[site] = stack_view(stack, *inputs[site], tokens[site], queries[site], seed)
     return view
 
 

@@ -90,8 +90,11 @@ class SharedBias(AttentionRule):
     """Adds the stack's per-forward bias ``call.context`` (``(1, H, Lq, Lk)``) to the logits.
 
     The rule of every bias encoding whose bias is the same in all layers of a stack (ALiBi, T5,
-    KERPLE): the stack computes it once in ``context``; each layer only reads it.
+    KERPLE): the stack computes it once in ``context``; each layer only reads it. Entries at
+    :data:`SPLIT_PENALTY` are the side a ``split`` head does not look at (a mask).
     """
+
+    masking_bias = SPLIT_PENALTY
 
     def bias(
         self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
@@ -152,6 +155,8 @@ class ALiBiEncoding(DistanceBiasEncoding):
         encoder_bias: the encoder form, ``split``, ``asymmetric`` or ``symmetric`` (module
             docstring); the decoder always uses the paper's causal bias.
     """
+
+    speed_target = 1.10
 
     def __init__(
         self,

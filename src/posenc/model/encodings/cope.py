@@ -176,6 +176,7 @@ class CoPEEncoding(StackEncoding):
 
     applies_to = "encoder and decoder self-attention (per-layer tables shared by heads)"
     encoder_form = "count gates from the query outward; a second table for keys after the query"
+    speed_target = 2.0
 
     def __init__(
         self, site: Site, d_model: int, n_heads: int, n_layers: int, npos: int = 64

@@ -160,6 +160,7 @@ class ForgettingEncoding(StackEncoding):
 
     applies_to = "encoder and decoder self-attention (a forget gate per head and layer)"
     encoder_form = "-|c_i - c_j|: the same gates forget in both directions"
+    speed_target = 1.35
 
     def __init__(
         self, site: Site, d_model: int, n_heads: int, n_layers: int, init_std: float = 0.02

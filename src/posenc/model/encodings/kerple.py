@@ -55,6 +55,8 @@ class KerpleEncoding(DistanceBiasEncoding):
             docstring); the decoder always uses the paper's causal kernel.
     """
 
+    speed_target = 1.35
+
     def __init__(
         self,
         site: Site,

@@ -145,6 +145,8 @@ class RotaryRule(AttentionRule):
     """Rotates the new tokens' q and k with the stack's :class:`RotaryTables` before caching;
     attention is then plain SDPA (the base class's forward)."""
 
+    rotates_qk = True
+
     def prepare(
         self,
         q: Tensor,
@@ -186,6 +188,7 @@ class RotaryEncoding(_RotaryStack):
 
     applies_to = "encoder and decoder self-attention (q, k rotated); cross-attention plain"
     encoder_form = "same rotation as the decoder (RoPE is bidirectional by construction)"
+    speed_target = 1.10
 
     def __init__(
         self,
@@ -251,6 +254,7 @@ class XPosEncoding(_RotaryStack):
 
     applies_to = "encoder and decoder self-attention (q, k rotated and scaled); cross plain"
     encoder_form = "plain RoPE: the decay zeta^((m-n)/B) only decays for keys before the query"
+    speed_target = 1.10
 
     def __init__(
         self,

@@ -111,6 +111,7 @@ class ShawEncoding(StackEncoding):
 
     applies_to = "encoder and decoder self-attention (a^K, a^V per layer); not cross-attention"
     encoder_form = "the paper's: distances clip(j - i, -k, k), both directions"
+    speed_target = 1.35
 
     def __init__(
         self,

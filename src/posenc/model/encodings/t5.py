@@ -74,6 +74,7 @@ class T5Encoding(StackEncoding):
 
     applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
     encoder_form = "bidirectional buckets (half for each side); decoder: causal buckets"
+    speed_target = 1.35
 
     def __init__(
         self,
