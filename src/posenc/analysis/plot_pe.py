@@ -48,7 +48,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from posenc.model.attention import MultiHeadAttention
+from posenc.model.attention import MultiHeadAttention, first_calls
 from posenc.model.encodings.base import AttentionCall, AttentionRule, EncodingModule, StackEncoding
 from posenc.model.factory import build_named_model, load_run_model, select_encodings
 from posenc.model.seq2seq import Seq2Seq
@@ -72,27 +72,13 @@ class Layer0Inputs:
 def capture_layer0(attention: MultiHeadAttention) -> Iterator[Layer0Inputs]:
     """Record the first call of ``attention`` (its input ``x`` and call) and of its rule (the
     projected q, k and key state). The first call is layer 0's even when a stack shares one
-    rule object between its layers, since layer 0 runs first."""
+    rule object between its layers, since layer 0 runs first. The fields are filled when the
+    block ends."""
     seen = Layer0Inputs()
-
-    def attention_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if seen.x is None:
-            seen.x = args[0] if args else kwargs["x"]
-            seen.call = args[1] if len(args) > 1 else kwargs["call"]
-
-    def rule_hook(module: torch.nn.Module, args: tuple) -> None:
-        if seen.q is None:
-            seen.q, seen.k, _, seen.state, _ = args
-
-    handles = [
-        attention.register_forward_pre_hook(attention_hook, with_kwargs=True),
-        attention.rule.register_forward_pre_hook(rule_hook),
-    ]
-    try:
+    with first_calls(attention, attention.rule) as (attention_call, rule_call):
         yield seen
-    finally:
-        for handle in handles:
-            handle.remove()
+    seen.x, seen.call = attention_call.arg(0, "x"), attention_call.arg(1, "call")
+    seen.q, seen.k, _, seen.state, _ = rule_call.args
 
 
 @dataclass

@@ -3,6 +3,11 @@ positions enter (see :mod:`posenc.model.encodings.base`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -96,3 +101,40 @@ def _cat(old: Tensor | None, new: Tensor | None, dim: int) -> Tensor | None:
     if old is None or new is None:
         return new
     return torch.cat([old, new], dim=dim)
+
+
+@dataclass
+class Call:
+    """The arguments of one call of a module (recorded by :func:`first_calls`)."""
+
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    seen: bool = False
+
+    def arg(self, index: int, name: str) -> Any:
+        """Argument ``name``, passed at position ``index`` or by keyword (None when absent)."""
+        return self.args[index] if len(self.args) > index else self.kwargs.get(name)
+
+
+@contextmanager
+def first_calls(*modules: nn.Module) -> Iterator[list[Call]]:
+    """Inside the block, record the arguments of each module's first call (forward pre-hooks,
+    removed on leaving); plots and attention maps read what a layer received this way."""
+    calls = [Call() for _ in modules]
+
+    def recorder(call: Call):
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if not call.seen:
+                call.args, call.kwargs, call.seen = args, dict(kwargs), True
+
+        return hook
+
+    handles = [
+        module.register_forward_pre_hook(recorder(call), with_kwargs=True)
+        for module, call in zip(modules, calls, strict=True)
+    ]
+    try:
+        yield calls
+    finally:
+        for handle in handles:
+            handle.remove()

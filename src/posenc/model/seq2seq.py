@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.config import ModelConfig
+from posenc.model.attention import first_calls
 from posenc.model.encodings.base import Site, StackEncoding
 from posenc.model.layers import Decoder, DecoderCache, Encoder
 from posenc.model.transformer import StackedTransformer
@@ -109,29 +110,18 @@ class Seq2Seq(nn.Module):
             "decoder": self.decoder.layers[layer].self_attn,
             "cross": self.decoder.layers[layer].cross_attn,
         }
-        captured: dict[str, tuple] = {}
-
-        def grab(name: str):
-            def hook(module, args, kwargs):
-                captured[name] = (args, kwargs.get("memory"))
-
-            return hook
-
-        handles = [
-            attn.register_forward_pre_hook(grab(name), with_kwargs=True)
-            for name, attn in sites.items()
-        ]
         was_training = self.training
         self.eval()
         try:
-            self(src, tgt_in)
+            with first_calls(*sites.values()) as calls:
+                self(src, tgt_in)
         finally:
-            for handle in handles:
-                handle.remove()
             self.train(was_training)
         return {
-            name: sites[name].attention_weights(*args, memory=memory)
-            for name, (args, memory) in captured.items()
+            name: attention.attention_weights(
+                call.arg(0, "x"), call.arg(1, "call"), memory=call.arg(2, "memory")
+            )
+            for (name, attention), call in zip(sites.items(), calls, strict=True)
         }
 
     @torch.no_grad()
