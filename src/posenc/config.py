@@ -47,8 +47,9 @@ RUN_CONTROL_KEYS = frozenset(
         "eval.splits",
     }
 )
-#: settings no result depends on, left out of reports (where this machine caches tokenizers)
-UNREPORTED_KEYS = frozenset({"cache_dir"})
+#: settings no result depends on, left out of reports: where this machine keeps the data, the
+#: vocabulary file and the tokenizer cache (the files themselves are named by other settings)
+UNREPORTED_KEYS = frozenset({"cache_dir", "data.dir", "tokenizer.vocab_file"})
 #: the training length limits a configuration can set, with the unit each counts in (the report
 #: draws them on its length-bucket figure)
 LENGTH_LIMITS = {
