@@ -4,7 +4,7 @@ Usage: ``python scripts/bench.py [--pe rope,alibi] [--lengths 64,128,256] [--qui
 ``--help`` and :mod:`posenc.analysis.bench` for what is measured and how the timing stays fair.
 """
 
-from posenc.analysis.bench import main
+from posenc.analysis.bench.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

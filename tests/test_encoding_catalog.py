@@ -23,7 +23,9 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from posenc.analysis import bench, plot_pe
+from posenc.analysis import plot_pe
+from posenc.analysis.bench import render
+from posenc.analysis.bench import runner as bench
 from posenc.config import reference_encoding
 from posenc.model.encodings.base import AttentionCall, AttentionRule, StackEncoding
 from posenc.model.encodings.rotary import RotaryEncoding, RotaryRule
@@ -109,7 +111,7 @@ def test_the_benchmark_measures_against_the_configured_reference_and_prints_its_
         "memory_mb": None,
         "errors": {},
     }
-    report = bench.markdown(result)
+    report = render.markdown(result)
     assert "(1,000 parameters with plain)" in report
     assert "ratio to plain measured in the same run" in report
     assert re.search(r"\| cheap \| [\d.]+ \(1\.20\) \| <= 1\.23 \| pass \|", report)

@@ -12,7 +12,9 @@ import pytest
 import torch
 from conftest import PE_NAMES, ROOT
 
-from posenc.analysis import bench, plot_pe
+from posenc.analysis import plot_pe
+from posenc.analysis.bench import measure
+from posenc.analysis.bench import runner as bench
 from posenc.model.factory import build_named_model, encoding_names, select_encodings
 
 PLOTTED = [name for name in ("nonepe", "sinpe", "alibi", "rope") if name in PE_NAMES]
@@ -42,7 +44,7 @@ def test_decoding_runs_exactly_length_steps_and_restores_eos():
     # Make EOS the model's favourite token: a fair benchmark must still decode every step.
     with torch.no_grad():
         work.model.output.weight[2] += 10.0
-    source = bench.random_tokens((2, 7), 50, seed=0)
+    source = measure.random_tokens((2, 7), 50, seed=0)
     assert bench.count_decoder_calls(work, source, 7) == 7
     assert work.model.eos_id == 2
 

@@ -36,17 +36,11 @@ memory (activations, gradients, temporaries) above the model and optimizer state
 
 from __future__ import annotations
 
-import argparse
-import ctypes
 import gc
-import json
 import logging
 import os
-import platform
 import statistics
-import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -57,8 +51,16 @@ import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
+from posenc.analysis.bench.measure import (
+    machine_info,
+    map_large_allocations,
+    proc_status_kib,
+    random_tokens,
+    reset_peak_rss,
+    timed,
+)
 from posenc.config import CONFIG_DIR, reference_encoding
-from posenc.model.factory import PAD_ID, build_named_model, select_encodings
+from posenc.model.factory import PAD_ID, build_named_model
 from posenc.model.seq2seq import Seq2Seq, count_parameters
 from posenc.training.losses import token_loss
 from posenc.training.optim import make_optimizer
@@ -68,9 +70,6 @@ log = logging.getLogger("posenc.analysis.bench")
 KINDS = {"train": "Training step (forward + backward + AdamW)", "decode": "Cached greedy decoding"}
 TARGET_LENGTH = 128
 """The length at which training steps are held to their encodings' speed targets."""
-
-_M_MMAP_THRESHOLD = -3
-_M_TRIM_THRESHOLD = -1
 
 
 @dataclass
@@ -143,12 +142,6 @@ def build_workload(name: str, settings: BenchSettings) -> Workload:
     return Workload(model, optimizer, trainer.label_smoothing, trainer.clip_norm)
 
 
-def random_tokens(shape: tuple[int, int], vocab_size: int, seed: int) -> torch.Tensor:
-    """Token ids of ``shape`` drawn uniformly from the non-special ids ``3 .. vocab_size - 1``."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab_size, shape, generator=generator)
-
-
 def training_batch(
     batch_size: int, length: int, settings: BenchSettings
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -156,18 +149,6 @@ def training_batch(
     src = random_tokens((batch_size, length), settings.vocab_size, settings.seed)
     tgt = random_tokens((batch_size, length + 1), settings.vocab_size, settings.seed + 1)
     return src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
-
-
-def timed(fn: Callable[[], None]) -> float:
-    """Wall-clock seconds of ``fn()``, garbage collected before and paused during the call."""
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-    finally:
-        gc.enable()
 
 
 def count_decoder_calls(work: Workload, src: torch.Tensor, length: int) -> int:
@@ -184,23 +165,6 @@ def count_decoder_calls(work: Workload, src: torch.Tensor, length: int) -> int:
     finally:
         handle.remove()
     return calls
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU, threads, versions and load: what the figures depend on."""
-    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "cpus_available": len(affinity) if affinity is not None else os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "torch_interop_threads": torch.get_num_interop_threads(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
 
 
 def run_timing(
@@ -258,46 +222,12 @@ def run_timing(
     return workloads, samples, errors
 
 
-def _proc_status_kib(key: str) -> int | None:
-    """A ``/proc/self/status`` field in KiB (``VmRSS``, ``VmHWM``), or None off Linux."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the process's peak resident set (Linux >= 4.0); False where impossible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def _map_large_allocations() -> bool:
-    """Ask glibc to map every allocation above 64 KiB on its own and to return it when freed,
-    so that the resident set follows live memory. False when glibc is not there."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, 64 * 1024)) and bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, 64 * 1024)
-    )
-
-
 def run_memory(
     settings: BenchSettings, workloads: dict[str, Workload]
 ) -> dict[str, dict[str, float]] | None:
     """Extra resident memory (MB) of one training step per encoding and length, or None where
     the peak resident set cannot be measured (see the module docstring)."""
-    if _proc_status_kib("VmHWM") is None or not _map_large_allocations():
+    if proc_status_kib("VmHWM") is None or not map_large_allocations():
         return None
     memory: dict[str, dict[str, float]] = {name: {} for name in workloads}
     for length in settings.lengths:
@@ -305,11 +235,11 @@ def run_memory(
         batch = training_batch(batch_size, length, settings)
         for name, work in workloads.items():
             gc.collect()
-            before = _proc_status_kib("VmRSS")
-            if before is None or not _reset_peak_rss():
+            before = proc_status_kib("VmRSS")
+            if before is None or not reset_peak_rss():
                 return None
             work.train_step(batch)
-            peak = _proc_status_kib("VmHWM")
+            peak = proc_status_kib("VmHWM")
             if peak is None:
                 return None
             memory[name][str(length)] = round(max(0, peak - before) / 1024, 1)
@@ -366,58 +296,6 @@ def target_verdict(
     return target, "pass" if figures["ratio"] <= target else "miss"
 
 
-def markdown(result: dict[str, Any]) -> str:
-    """The report's tables: milliseconds and ratio to the reference per encoding and length."""
-    settings, machine, summary = result["settings"], result["machine"], result["summary"]
-    reference, targets = settings["reference"], result["targets"]["max_ratio"]
-    lengths = [str(length) for length in settings["lengths"]]
-    n_params = f"{result['parameters'][reference]:,}" if reference in result["parameters"] else "?"
-    lines = [
-        "# Speed of the positional encodings",
-        "",
-        f"Model `{settings['model']}` ({n_params} parameters with {reference}), vocabulary "
-        f"{settings['vocab_size']}, {settings['tokens']} tokens per side per training batch, "
-        f"decoding {settings['decode_batch']} sources of L tokens into L tokens. "
-        f"Medians of {settings['repeats']} interleaved repetitions after {settings['warmup']} "
-        f"warm-up; torch {machine['torch']}, {machine['torch_threads']} threads, "
-        f"{machine['cpus_available']} CPUs; load average at start {machine['load_average']}.",
-        f"Each cell: milliseconds (ratio to {reference} measured in the same run).",
-    ]
-    for kind, title in KINDS.items():
-        per_encoding = summary.get(kind, {})
-        header = ["pe", *(f"L={length}" for length in lengths)]
-        if kind == "train":
-            header += [f"target @{TARGET_LENGTH}", "verdict"]
-        lines += ["", f"## {title}", "", "| " + " | ".join(header) + " |"]
-        lines.append("|" + "---|" * len(header))
-        for name, per_length in per_encoding.items():
-            cells = [name]
-            for length in lengths:
-                figures = per_length.get(length)
-                if figures is None:
-                    cells.append("-")
-                    continue
-                ratio = figures["ratio"]
-                ratio_text = f" ({ratio:.2f})" if ratio is not None else ""
-                cells.append(f"{1000 * figures['median_s']:.1f}{ratio_text}")
-            if kind == "train":
-                target, verdict = target_verdict(name, summary, targets)
-                cells += ["-" if target is None else f"<= {target:.2f}", verdict]
-            lines.append("| " + " | ".join(cells) + " |")
-    memory = result["memory_mb"]
-    if memory:
-        lines += ["", "## Extra resident memory of one training step (MB)", ""]
-        lines.append("| pe | " + " | ".join(f"L={length}" for length in lengths) + " |")
-        lines.append("|" + "---|" * (len(lengths) + 1))
-        for name, per_length in memory.items():
-            cells = [str(per_length.get(length, "-")) for length in lengths]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    if result["errors"]:
-        lines += ["", "## Failed", ""]
-        lines += [f"- {name}: {error}" for name, error in result["errors"].items()]
-    return "\n".join(lines) + "\n"
-
-
 def run(settings: BenchSettings) -> dict[str, Any]:
     """Run the benchmark; the result holds machine, settings, raw samples, summary, memory."""
     machine = machine_info()
@@ -435,66 +313,3 @@ def run(settings: BenchSettings) -> dict[str, Any]:
         "memory_mb": memory,
         "errors": errors,
     }
-
-
-def _int_list(text: str) -> list[int]:
-    """``"64,128"`` -> ``[64, 128]``."""
-    return [int(item) for item in text.split(",") if item.strip()]
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line of ``scripts/bench.py``."""
-    parser = argparse.ArgumentParser(
-        description="Time a training step and cached greedy decoding for every encoding "
-        "(configs/pe/*.yaml) and report ratios to the reference encoding measured alongside."
-    )
-    parser.add_argument("--pe", default=None, help="comma-separated subset (default: all)")
-    parser.add_argument("--lengths", type=_int_list, default=None, help="default 64,128,256")
-    parser.add_argument("--tokens", type=int, default=4096, help="tokens per side per batch")
-    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds per length")
-    parser.add_argument("--decode-batch", type=int, default=8, help="sources decoded at once")
-    parser.add_argument("--model", default="small", help="configs/model/NAME.yaml")
-    parser.add_argument("--vocab", type=int, default=8000, help="vocabulary size")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
-    parser.add_argument(
-        "--quick", action="store_true", help="a check that it works: L=64, one repetition"
-    )
-    parser.add_argument("--out", type=Path, default=Path("outputs/bench/bench.json"))
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark, print the markdown tables, write ``--out`` and the ``.md`` beside it."""
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    lengths = args.lengths or ([64] if args.quick else [64, 128, 256])
-    repeats = args.repeats or (1 if args.quick else 5)
-    try:
-        settings = BenchSettings(
-            encodings=select_encodings(args.pe),
-            lengths=lengths,
-            tokens=args.tokens,
-            repeats=repeats,
-            warmup=args.warmup,
-            decode_batch=args.decode_batch,
-            model=args.model,
-            vocab_size=args.vocab,
-            seed=args.seed,
-            memory=not args.no_memory,
-        )
-    except ValueError as err:
-        print(f"bench: {err}", file=sys.stderr)
-        return 2
-    result = run(settings)
-    report = markdown(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(report)
-    print(report)
-    print(f"wrote {args.out} and {args.out.with_suffix('.md')}", file=sys.stderr)
-    return 0

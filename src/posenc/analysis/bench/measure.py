@@ -1,0 +1,88 @@
+"""Measuring on a noisy machine: a garbage-collection-free clock, the machine's facts, the
+process's resident set and its peak (Linux), and random token ids."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_M_MMAP_THRESHOLD = -3
+
+
+_M_TRIM_THRESHOLD = -1
+
+
+def random_tokens(shape: tuple[int, int], vocab_size: int, seed: int) -> torch.Tensor:
+    """Token ids of ``shape`` drawn uniformly from the non-special ids ``3 .. vocab_size - 1``."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, shape, generator=generator)
+
+
+def timed(fn: Callable[[], None]) -> float:
+    """Wall-clock seconds of ``fn()``, garbage collected before and paused during the call."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, threads, versions and load: what the figures depend on."""
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cpus_available": len(affinity) if affinity is not None else os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def proc_status_kib(key: str) -> int | None:
+    """A ``/proc/self/status`` field in KiB (``VmRSS``, ``VmHWM``), or None off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset the process's peak resident set (Linux >= 4.0); False where impossible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def map_large_allocations() -> bool:
+    """Ask glibc to map every allocation above 64 KiB on its own and to return it when freed,
+    so that the resident set follows live memory. False when glibc is not there."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, 64 * 1024)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 * 1024)
+    )
