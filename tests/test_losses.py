@@ -38,3 +38,27 @@ def test_sentence_nll_sums_to_the_training_nll_and_validation_averages_it():
     mean = validation_loss(model, src, tgt, SPECIALS, 40, device, None)
     assert mean == pytest.approx(float(batch_nll) / n, rel=1e-5)
     assert model.training  # the mode is restored
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_the_training_loss_is_pytorchs_label_smoothed_cross_entropy(smoothing):
+    """One log-softmax gives both numbers; they equal F.cross_entropy's, padding excluded, and
+    so do their gradients."""
+    model = tiny_model("sinpe").train()
+    src, tgt_in, tgt_out = collate(*pairs(6, seed=3), 0, 1, 2)
+    torch.manual_seed(0)
+    loss, nll, n = token_loss(model, (src, tgt_in, tgt_out), 0, smoothing)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    logits = model(src, tgt_in).float().view(-1, model.output.out_features)
+    gold = tgt_out.view(-1)
+    expected = torch.nn.functional.cross_entropy(
+        logits, gold, ignore_index=0, label_smoothing=smoothing, reduction="sum"
+    )
+    expected_nll = torch.nn.functional.cross_entropy(logits, gold, ignore_index=0, reduction="sum")
+    assert n == int(tgt_out.ne(0).sum())
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    assert float(nll) == pytest.approx(float(expected_nll), rel=1e-5)
+    for got, want in zip(
+        grads, torch.autograd.grad(expected, list(model.parameters())), strict=True
+    ):
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-4)

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from posenc.config import ModelConfig
 from posenc.model.attention import KVCache, MultiHeadAttention
+from posenc.model.dropout import Dropout
 from posenc.model.encodings.base import AttentionCall, StackEncoding
 
 
@@ -22,7 +23,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.up = nn.Linear(config.d_model, config.d_ff)
         self.down = nn.Linear(config.d_ff, config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.activation = getattr(F, config.activation)  # relu or gelu (see ModelConfig)
 
     def decayed_parameters(self) -> list[nn.Parameter]:
@@ -39,7 +40,7 @@ class Residual(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.norm_first = config.norm_first
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
@@ -120,7 +121,7 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(
             self.layer_class(config, encoding, i) for i in range(encoding.n_layers)
         )
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
         self.attn_dropout = config.attn_dropout
 

@@ -15,15 +15,19 @@ def token_loss(
     model: Seq2Seq, batch: tuple[torch.Tensor, ...], pad_id: int, smoothing: float
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed label-smoothed loss, summed NLL and the number of target tokens of a batch
-    ``(src (B, S), tgt_in (B, T), tgt_out (B, T))``."""
+    ``(src (B, S), tgt_in (B, T), tgt_out (B, T))``.
+
+    One log-softmax over the vocabulary serves both: per target token, NLL
+    ``= -log p(gold)`` and the label-smoothed loss ``= (1 - eps) NLL + eps mean_v(-log p(v))``,
+    which is ``F.cross_entropy(..., label_smoothing=eps)``'s definition (tested equal)."""
     src, tgt_in, tgt_out = batch
     logits = model(src, tgt_in).float()
-    flat_logits, flat_gold = logits.view(-1, logits.shape[-1]), tgt_out.view(-1)
-    loss = F.cross_entropy(
-        flat_logits, flat_gold, ignore_index=pad_id, label_smoothing=smoothing, reduction="sum"
-    )
-    nll = F.cross_entropy(flat_logits, flat_gold, ignore_index=pad_id, reduction="sum")
-    return loss, nll, int(tgt_out.ne(pad_id).sum())
+    log_probs = torch.log_softmax(logits.view(-1, logits.shape[-1]), dim=-1)
+    gold = tgt_out.reshape(-1)
+    real = gold.ne(pad_id)
+    nll = -log_probs.gather(1, gold.clamp(min=0)[:, None]).squeeze(1)
+    loss = (1 - smoothing) * nll - smoothing * log_probs.mean(dim=-1) if smoothing else nll
+    return torch.where(real, loss, 0.0).sum(), torch.where(real, nll, 0.0).sum(), int(real.sum())
 
 
 @torch.no_grad()
