@@ -240,3 +240,34 @@ def test_a_run_that_cannot_teach_anything_says_so(tmp_path, caplog):
     test = metrics["splits"]["test"]
     if test["empty_hypotheses"] * 2 > test["sentences"]:
         assert "hypotheses are empty" in warnings
+
+
+def test_trainer_compile_trains_through_torch_compile(tmp_path, monkeypatch):
+    """``trainer.compile=true`` hands the training model to ``torch.compile`` (opt-in; here a
+    recorder stands in for the compiler, which the slow test below runs for real)."""
+    compiled = []
+
+    def recording_compile(module):
+        compiled.append(module)
+        return module
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    common = (*SMOKE, "pe=rope", "trainer.max_steps=2", "eval.enabled=false")
+    run(compose(*common), tmp_path / "plain")
+    assert compiled == []
+    run(compose(*common, "trainer.compile=true"), tmp_path / "compiled")
+    assert len(compiled) == 1 and isinstance(compiled[0], torch.nn.Module)
+
+
+@pytest.mark.slow
+def test_a_compiled_model_trains_to_the_same_loss(tmp_path):
+    common = (*SMOKE, "pe=rope", "trainer.max_steps=4", "trainer.valid_every=2")
+    plain = run(compose(*common, "eval.enabled=false"), tmp_path / "plain")
+    assert plain is None
+    compiled_cfg = compose(*common, "eval.enabled=false", "trainer.compile=true")
+    run(compiled_cfg, tmp_path / "compiled")
+    losses = [
+        json.loads((tmp_path / name / "train_summary.json").read_text())["best_valid_loss"]
+        for name in ("plain", "compiled")
+    ]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-3)

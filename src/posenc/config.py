@@ -250,6 +250,7 @@ class TrainerConfig(ConfigGroup):
     resume: str | None = setting("str", optional=True)
     init_from: str | None = setting("str", optional=True)
     progress: bool = setting("bool")
+    compile: bool = setting("bool", default=False)
 
     def budget_spent(self, steps: int, seconds: float) -> bool:
         """Whether ``steps`` optimizer steps and ``seconds`` of training spend the budget

@@ -155,6 +155,8 @@ def set_up(cfg: DictConfig, run_dir: RunDir, start: Start | None) -> Training:
         trained = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
+    if trainer.compile:
+        trained = torch.compile(trained)
     batcher = TokenBatcher(
         [len(s) for s in data.train_src],
         [len(t) for t in data.train_tgt],
@@ -230,7 +232,7 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     started = time.perf_counter()
     micro = [
         tuple(
-            t.to(device, non_blocking=True)
+            (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
             for t in collate(
                 [run.data.train_src[i] for i in indices],
                 [run.data.train_tgt[i] for i in indices],

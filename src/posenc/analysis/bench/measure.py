@@ -7,11 +7,13 @@ import ctypes
 import gc
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 _M_MMAP_THRESHOLD = -3
 
@@ -86,3 +88,20 @@ def map_large_allocations() -> bool:
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, 64 * 1024)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, 64 * 1024)
     )
+
+
+def matmul_ceiling(size: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of one fp32 ``(size, size) @ (size, size)`` matmul (median of ``repeats`` after a
+    warm-up): the ceiling a training step's dense work can reach with this process's threads."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    seconds = statistics.median(timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * size**3 / seconds
+
+
+def counted_flops(fn: Callable[[], None]) -> int:
+    """The floating-point operations of ``fn()`` (forward and backward) counted by
+    :class:`torch.utils.flop_counter.FlopCounterMode`: matmuls, convolutions and attention."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
