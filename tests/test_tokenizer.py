@@ -197,7 +197,8 @@ needs_vocab = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def mbert() -> Tokenizer:
-    cfg = tokenizer_config("mbert", vocab_file=str(MBERT_VOCAB))
+    """The full vocabulary, as before ``training_types_only`` (see test_vocab_reduction.py)."""
+    cfg = tokenizer_config("mbert", vocab_file=str(MBERT_VOCAB), training_types_only=False)
     return build_tokenizer(cfg, Corpus("train", [], []), Path("unused"))
 
 

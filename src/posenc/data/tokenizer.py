@@ -1,5 +1,6 @@
 """Subword tokenizers: a joint BPE trained with ``tokenizers`` on the training split, or the
-multilingual BERT (mBERT) WordPiece vocabulary.
+multilingual BERT (mBERT) WordPiece vocabulary, by default cut down to the types that occur in
+the training split.
 
 Both are a :class:`Tokenizer` wrapping a ``tokenizers.Tokenizer``, so batch encoding runs in
 Rust, and ``save``/``load_tokenizer`` go through the library's ``tokenizer.json``.
@@ -11,6 +12,15 @@ prepended space. So ``decode(encode(s)) == unicodedata.normalize("NFC", s)`` for
 sentence as in its middle. Vocabularies of at least :data:`BYTE_ALPHABET_MIN_VOCAB` contain all
 256 byte symbols, so nothing is ever ``<unk>``; smaller ones (toy runs) start from the bytes
 seen in training. Special tokens in the input text (``"<s>"``) are encoded as plain text.
+
+mBERT design (``training_types_only``, on by default): of the 119,547 WordPiece types, only the
+special tokens and the types that occur in the training split (either side; the vocabulary is
+joint) are given to the model, as compact ids ``0 .. n_kept-1`` in WordPiece-id order. The
+output layer and the embedding are most of a small model with the full vocabulary (a training
+step costs 4.4x an 8k-BPE step), and the rows of types that never occur in training are never
+trained towards anything, so they are not paid for. Text is tokenised by WordPiece exactly as
+before and then mapped to compact ids; a type absent from the training split (it can occur in a
+test set) becomes ``[UNK]``, and decoding maps compact ids back and detokenises as before.
 """
 
 from __future__ import annotations
@@ -37,7 +47,10 @@ BPE_SPECIALS = {"pad": "<pad>", "bos": "<s>", "eos": "</s>", "unk": "<unk>"}
 MBERT_SPECIALS = {"pad": "[PAD]", "bos": "[CLS]", "eos": "[SEP]", "unk": "[UNK]"}
 BYTE_ALPHABET_MIN_VOCAB = 1024
 CACHE_FORMAT = "posenc-bpe-1"  # change when the BPE recipe changes, to invalidate caches
+TYPES_CACHE_FORMAT = "posenc-mbert-types-1"  # likewise for the kept mBERT types
 META_FILE = "posenc_tokenizer.json"
+KEPT_FILE = "posenc_kept_ids.json"  # the kept WordPiece ids of a compact mBERT, in order
+TYPES_CHUNK = 10_000  # sentences tokenised at a time when collecting the training types
 
 
 class Tokenizer:
@@ -48,7 +61,8 @@ class Tokenizer:
         vocab_size: number of ids (special tokens included).
         name: a short label for logs and reports.
         kind: ``bpe`` or ``mbert``.
-        path: the cache file a BPE was trained into or reused from (None otherwise).
+        path: the cache file a BPE was trained into or reused from, or that a compact mBERT's
+            kept types were written to or read from (None otherwise).
     """
 
     def __init__(self, backend: HFTokenizer, kind: str, name: str, specials: Mapping[str, str]):
@@ -90,8 +104,11 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_text(directory / "tokenizer.json", self.backend.to_str())
-        meta = {"kind": self.kind, "name": self.name, "specials": self.specials}
-        write_text(directory / META_FILE, json.dumps(meta, indent=2))
+        write_text(directory / META_FILE, json.dumps(self._meta(directory), indent=2))
+
+    def _meta(self, directory: Path) -> dict:
+        """What ``posenc_tokenizer.json`` holds (subclasses may write more files)."""
+        return {"kind": self.kind, "name": self.name, "specials": self.specials}
 
 
 class WordPieceTokenizer(Tokenizer):
@@ -102,6 +119,20 @@ class WordPieceTokenizer(Tokenizer):
     :meth:`decode` joins an apostrophe or hyphen between two word characters and a ``.``/``,``
     between two digits: exactly the cases that sacreBLEU's 13a tokenizer keeps as one token, so
     BLEU is not penalised for them. Other spacing may still differ from the input.
+
+    With ``kept_ids`` (sorted WordPiece ids, the four special tokens among them) the tokenizer
+    is compact: the model's id ``i`` is WordPiece id ``kept_ids[i]``, ``vocab_size`` is
+    ``len(kept_ids)`` and ``pad_id``/``bos_id``/``eos_id``/``unk_id`` are the compact ids of
+    ``[PAD]``/``[CLS]``/``[SEP]``/``[UNK]``. Encoding tokenises with the full WordPiece
+    vocabulary and maps every type not kept to ``[UNK]``: a word piece that never occurred in
+    training gets the ``[UNK]`` embedding row instead of its own untrained one, and decoding can
+    never produce it (it could not usefully before either: its output row was only ever pushed
+    down in training). Decoding maps back to WordPiece ids and detokenises as without
+    ``kept_ids``. Without ``kept_ids`` the ids are mBERT's own (119,547 of them).
+
+    Attributes:
+        kept_ids: the kept WordPiece ids in compact-id order, or None (full vocabulary).
+        full_vocab_size: the size of the WordPiece vocabulary itself.
     """
 
     JOINS = (
@@ -109,13 +140,89 @@ class WordPieceTokenizer(Tokenizer):
         (re.compile(r"(?<=\d)([.,]) (?=\d)"), r"\1"),
     )
 
+    def __init__(
+        self,
+        backend: HFTokenizer,
+        kind: str,
+        name: str,
+        specials: Mapping[str, str],
+        kept_ids: Sequence[int] | None = None,
+    ):
+        super().__init__(backend, kind, name, specials)
+        self.full_vocab_size = self.vocab_size
+        self.kept_ids: list[int] | None = None
+        if kept_ids is not None:
+            self._compact(kept_ids)
+
+    def _compact(self, kept_ids: Sequence[int]) -> None:
+        """Switch to the compact ids of ``kept_ids`` (see the class doc)."""
+        kept = [int(i) for i in kept_ids]
+        roles = {"pad": self.pad_id, "bos": self.bos_id, "eos": self.eos_id, "unk": self.unk_id}
+        if (
+            kept != sorted(set(kept))
+            or not kept
+            or kept[0] < 0
+            or kept[-1] >= self.full_vocab_size
+            or not set(roles.values()) <= set(kept)
+        ):
+            raise DataError(
+                f"the kept mBERT types ({len(kept)} ids) are not sorted distinct ids of this "
+                f"{self.full_vocab_size}-token vocabulary with its special tokens; rebuild the "
+                "tokenizer"
+            )
+        compact = {wordpiece: i for i, wordpiece in enumerate(kept)}
+        self._to_compact = [compact[self.unk_id]] * self.full_vocab_size
+        for wordpiece, i in compact.items():
+            self._to_compact[wordpiece] = i
+        self.kept_ids = kept
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = (
+            compact[roles[role]] for role in ("pad", "bos", "eos", "unk")
+        )
+        self.vocab_size = len(kept)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text``, without special tokens; types not kept are ``unk_id``."""
+        return self._model_ids(super().encode(text))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """:meth:`encode` of each text (tokenised in parallel, in Rust)."""
+        return [self._model_ids(ids) for ids in super().encode_batch(texts)]
+
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenised text of ``ids``; special tokens are skipped."""
-        return self._join(super().decode(ids))
+        return self._join(super().decode(self._wordpiece_ids(ids)))
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """:meth:`decode` of each id list."""
-        return [self._join(text) for text in super().decode_batch(batch)]
+        rows = [self._wordpiece_ids(ids) for ids in batch]
+        return [self._join(text) for text in super().decode_batch(rows)]
+
+    def _model_ids(self, ids: list[int]) -> list[int]:
+        if self.kept_ids is None:
+            return ids
+        to_compact = self._to_compact
+        return [to_compact[i] for i in ids]
+
+    def _wordpiece_ids(self, ids: Sequence[int]) -> Sequence[int]:
+        if self.kept_ids is None:
+            return ids
+        kept = self.kept_ids
+        return [kept[i] for i in ids]
+
+    def _meta(self, directory: Path) -> dict:
+        """The base meta, and for a compact tokenizer ``kept_ids_file`` naming the file (beside
+        it) that holds the kept WordPiece ids."""
+        meta = super()._meta(directory)
+        if self.kept_ids is None:
+            (directory / KEPT_FILE).unlink(missing_ok=True)
+        else:
+            write_text(directory / KEPT_FILE, json.dumps(self.kept_ids))
+            meta.update(
+                kept_ids_file=KEPT_FILE,
+                vocab_size=self.vocab_size,
+                full_vocab_size=self.full_vocab_size,
+            )
+        return meta
 
     def _join(self, text: str) -> str:
         for pattern, replacement in self.JOINS:
@@ -134,8 +241,18 @@ def load_tokenizer(directory: Path) -> Tokenizer:
         )
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     backend = HFTokenizer.from_file(str(model_path))
-    cls = WordPieceTokenizer if meta["kind"] == "mbert" else Tokenizer
-    return cls(backend, meta["kind"], meta["name"], meta["specials"])
+    if meta["kind"] != "mbert":
+        return Tokenizer(backend, meta["kind"], meta["name"], meta["specials"])
+    kept = None
+    if meta.get("kept_ids_file"):
+        kept_path = directory / meta["kept_ids_file"]
+        if not kept_path.is_file():
+            raise DataError(
+                f"{meta_path} names the kept mBERT types {kept_path}, which is missing; "
+                "copy the run's whole tokenizer/ directory"
+            )
+        kept = json.loads(kept_path.read_text(encoding="utf-8"))
+    return WordPieceTokenizer(backend, "mbert", meta["name"], meta["specials"], kept)
 
 
 def build_tokenizer(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
@@ -143,14 +260,17 @@ def build_tokenizer(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
 
     ``kind: bpe`` trains a joint BPE on both sides of ``train`` (or reuses the one cached in
     ``cache_dir`` under a hash of the data and the settings); ``kind: mbert`` loads the mBERT
-    vocabulary (``train`` and ``cache_dir`` are unused).
+    vocabulary and, with ``training_types_only`` (default true), keeps only the special tokens
+    and the types that occur in ``train`` (cached in ``cache_dir`` under a hash of the
+    vocabulary and the data); with ``training_types_only: false`` ``train`` and ``cache_dir``
+    are unused.
     """
     cfg = plain(cfg)
     kind = cfg.get("kind")
     if kind == "bpe":
         return _build_bpe(cfg, train, Path(cache_dir).expanduser())
     if kind == "mbert":
-        return _build_mbert(cfg)
+        return _build_mbert(cfg, train, Path(cache_dir).expanduser())
     raise DataError(f"unknown tokenizer.kind {kind!r}; use bpe or mbert")
 
 
@@ -167,13 +287,13 @@ def _bpe_settings(cfg: Mapping) -> dict:
     return {"vocab_size": vocab_size, "min_frequency": min_frequency}
 
 
-def _cache_key(settings: Mapping, train: Corpus) -> str:
+def _cache_key(settings: Mapping, train: Corpus, recipe: str = CACHE_FORMAT) -> str:
     """Hash of the recipe, the settings and the training text (order-independent: the same
     pairs in another order give the same BPE counts, so one cached model serves every seed)."""
     import tokenizers
 
     h = hashlib.sha256()
-    h.update(json.dumps([CACHE_FORMAT, tokenizers.__version__, dict(settings)]).encode())
+    h.update(json.dumps([recipe, tokenizers.__version__, dict(settings)]).encode())
     for side in (train.src, train.tgt):
         h.update(b"\x00side\x00")
         for line in sorted(side):
@@ -257,8 +377,14 @@ def _wordpiece_from_vocab(vocab_file: Path) -> HFTokenizer:
     return backend
 
 
-def _build_mbert(cfg: Mapping) -> Tokenizer:
-    """mBERT from the local ``vocab_file`` when it exists, else ``name_or_path`` from the hub."""
+def _build_mbert(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
+    """mBERT from the local ``vocab_file`` when it exists, else ``name_or_path`` from the hub;
+    compact (the types of ``train`` only) when ``training_types_only`` is true."""
+    training_types_only = cfg.get("training_types_only", True)
+    if not isinstance(training_types_only, bool):
+        raise DataError(
+            f"tokenizer.training_types_only is {training_types_only!r}; use true or false"
+        )
     name = str(cfg.get("name_or_path", "bert-base-multilingual-cased"))
     vocab_file = cfg.get("vocab_file")
     if vocab_file and resolve_path(vocab_file).is_file():
@@ -275,4 +401,60 @@ def _build_mbert(cfg: Mapping) -> Tokenizer:
                 ) from None
             raise
         log.info("mBERT vocabulary from the hub (%s)", name)
-    return WordPieceTokenizer(backend, "mbert", str(cfg.get("name", "mbert")), MBERT_SPECIALS)
+    tokenizer = WordPieceTokenizer(backend, "mbert", str(cfg.get("name", "mbert")), MBERT_SPECIALS)
+    if not training_types_only:
+        return tokenizer
+    if not len(train):
+        raise DataError(
+            "cannot keep the training split's mBERT types: the training split is empty; check "
+            "the data config or set tokenizer.training_types_only=false"
+        )
+    kept, path = _cached_training_types(tokenizer, train, cache_dir)
+    tokenizer._compact(kept)
+    tokenizer.path = path
+    return tokenizer
+
+
+def _cached_training_types(
+    tokenizer: WordPieceTokenizer, train: Corpus, cache_dir: Path
+) -> tuple[list[int], Path]:
+    """The kept WordPiece ids (:func:`_training_types`) and the cache file they are in: read
+    from ``cache_dir`` when a previous build of the same vocabulary and training text wrote
+    them, else collected and written there (tokenising the training split takes seconds)."""
+    from filelock import FileLock
+
+    vocabulary = hashlib.sha256(tokenizer.backend.to_str().encode("utf-8")).hexdigest()
+    key = _cache_key({"vocabulary": vocabulary}, train, recipe=TYPES_CACHE_FORMAT)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / f"mbert-types-{key}.json"
+    with FileLock(str(path) + ".lock"):  # jobs of a sweep wait for one another, count once
+        if path.is_file():
+            kept = json.loads(path.read_text(encoding="utf-8"))
+            log.info("reusing the cached %d kept mBERT types %s", len(kept), path)
+        else:
+            started = time.perf_counter()
+            kept = _training_types(tokenizer, train)
+            write_text(path, json.dumps(kept))
+            log.info(
+                "kept %d of %d mBERT types (the special tokens and the types of %d training "
+                "pairs) in %.1f s; cached at %s",
+                len(kept),
+                tokenizer.full_vocab_size,
+                len(train),
+                time.perf_counter() - started,
+                path,
+            )
+    return kept, path
+
+
+def _training_types(tokenizer: WordPieceTokenizer, train: Corpus) -> list[int]:
+    """The WordPiece ids of the four special tokens and of every type in either side of
+    ``train`` (``[UNK]`` included when a word has no WordPiece spelling), sorted."""
+    backend = tokenizer.backend
+    seen = {backend.token_to_id(token) for token in MBERT_SPECIALS.values()}
+    for side in (train.src, train.tgt):
+        for start in range(0, len(side), TYPES_CHUNK):
+            chunk = list(side[start : start + TYPES_CHUNK])
+            for encoding in backend.encode_batch(chunk, add_special_tokens=False):
+                seen.update(encoding.ids)
+    return sorted(seen)
