@@ -82,6 +82,15 @@ def test_the_config_keeps_only_training_types_by_default():
     assert compose("tokenizer=mbert").tokenizer.training_types_only is True
 
 
+def test_a_config_without_the_setting_keeps_the_full_vocabulary(vocab_file, full):
+    # Runs from before the setting lack the key; they resume with ~tokenizer.training_types_only.
+    cfg = mbert_config(vocab_file)
+    del cfg["training_types_only"]
+    old = build_tokenizer(cfg, training_corpus(), Path("unused"))
+    assert old.kept_ids is None and old.vocab_size == len(VOCAB)
+    assert old.encode("the dog") == full.encode("the dog")
+
+
 def test_off_gives_exactly_the_wordpiece_ids(full):
     assert full.kept_ids is None and full.vocab_size == len(VOCAB)
     roles = (full.pad_id, full.bos_id, full.eos_id, full.unk_id)

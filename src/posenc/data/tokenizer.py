@@ -260,7 +260,8 @@ def build_tokenizer(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
 
     ``kind: bpe`` trains a joint BPE on both sides of ``train`` (or reuses the one cached in
     ``cache_dir`` under a hash of the data and the settings); ``kind: mbert`` loads the mBERT
-    vocabulary and, with ``training_types_only`` (default true), keeps only the special tokens
+    vocabulary and, with ``training_types_only`` (true in ``configs/tokenizer/mbert.yaml``;
+    absent counts as false, as in runs from before the setting), keeps only the special tokens
     and the types that occur in ``train`` (cached in ``cache_dir`` under a hash of the
     vocabulary and the data); with ``training_types_only: false`` ``train`` and ``cache_dir``
     are unused.
@@ -380,7 +381,9 @@ def _wordpiece_from_vocab(vocab_file: Path) -> HFTokenizer:
 def _build_mbert(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
     """mBERT from the local ``vocab_file`` when it exists, else ``name_or_path`` from the hub;
     compact (the types of ``train`` only) when ``training_types_only`` is true."""
-    training_types_only = cfg.get("training_types_only", True)
+    # Absent = false: a run from before the setting (its saved config lacks the key) resumes
+    # with `~tokenizer.training_types_only` and gets the full vocabulary it was trained with.
+    training_types_only = cfg.get("training_types_only", False)
     if not isinstance(training_types_only, bool):
         raise DataError(
             f"tokenizer.training_types_only is {training_types_only!r}; use true or false"
