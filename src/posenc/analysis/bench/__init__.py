@@ -4,7 +4,8 @@ the reference encoding (``reference_pe`` in ``configs/train.yaml``) measured in 
 
 Modules: :mod:`.runner` (workloads, timing, memory, summary, targets), :mod:`.measure`
 (clocks, machine facts, resident-set probes), :mod:`.render` (the markdown tables),
-:mod:`.cli` (the command line).
+:mod:`.cli` (the command line), :mod:`.peers` (``--peers``: other implementations timed in the
+same repetitions; their models in :mod:`.peer_models` and :mod:`.seed_model`).
 
 What is timed, per encoding (every ``configs/pe/*.yaml``, or a subset) and length ``L``:
 
@@ -24,7 +25,8 @@ Fairness on a noisy machine (timings vary about ±15% from run to run):
   call, so every encoding runs exactly ``L`` decoder steps (checked during warm-up), whatever
   its untrained model predicts;
 * encodings are interleaved: each repetition measures every encoding once, in an order rotated
-  by one each repetition, so slow drifts of the machine's load hit all of them alike;
+  by one each repetition, so slow drifts of the machine's load hit all of them alike; with
+  ``--peers`` the peers' slots join the same rotation;
 * each (encoding, length) is warmed up before timing (allocations, AdamW state, caches);
 * garbage collection runs before, and is disabled during, each timed call;
 * reports give medians over repetitions, the ratio of medians to the reference encoding's

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from posenc.analysis.bench.peers import Peers
 from posenc.analysis.bench.render import markdown
 from posenc.analysis.bench.runner import BenchSettings, run
 from posenc.model.factory import select_encodings
@@ -38,6 +39,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also time a plain torch.nn.Transformer, the seed report's approach and "
+        "x-transformers (if installed) in the same repetitions (configs/bench/peers.yaml)",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="a check that it works: L=64, one repetition"
     )
@@ -69,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"bench: {err}", file=sys.stderr)
         return 2
-    result = run(settings)
+    result = run(settings, Peers(settings) if args.peers else None)
     report = markdown(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

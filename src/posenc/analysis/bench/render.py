@@ -57,4 +57,82 @@ def markdown(result: dict[str, Any]) -> str:
     if result["errors"]:
         lines += ["", "## Failed", ""]
         lines += [f"- {name}: {error}" for name, error in result["errors"].items()]
+    if result.get("peers"):
+        lines += peers_table(result["peers"], lengths)
     return "\n".join(lines) + "\n"
+
+
+def _shape(shape: dict[str, Any]) -> str:
+    norm = "pre-norm" if shape["norm_first"] else "post-norm"
+    return (
+        f"d {shape['d_model']}, {shape['encoder_layers']}+{shape['decoder_layers']} layers, "
+        f"{shape['n_heads']} heads, FFN {shape['d_ff']}, dropout {shape['dropout']}, {norm}"
+    )
+
+
+def _cell(figures: dict[str, Any] | None) -> str:
+    if not figures or figures.get("ratio") is None:
+        return "-"
+    return f"{figures['ratio']:.2f} {figures.get('verdict', '-')}".removesuffix(" -")
+
+
+def _ms(medians: dict[str, float]) -> str:
+    return ", ".join(f"{key} {1000 * seconds:.1f} ms" for key, seconds in medians.items())
+
+
+def peers_table(peers: dict[str, Any], lengths: list[str]) -> list[str]:
+    """The peers' lines and their one table of ratios (see :mod:`.peers`)."""
+    torch_, xt, seed = peers["torch"], peers["x_transformers"], peers["seed"]
+    setting = seed["setting"]
+    lines = [
+        "",
+        "## Peers, timed in the same repetitions",
+        "",
+        f"- `torch.nn.Transformer`: model `{torch_['model']}` ({_shape(torch_['shape'])}), "
+        f"{torch_['positions']} positions, {torch_['parameters']:,} parameters; training step "
+        f"{_ms({f'L={k}': v for k, v in torch_['median_s']['train'].items()})}.",
+    ]
+    if xt["installed"]:
+        lines.append(
+            f"- x-transformers {xt['version']}: `XTransformer` of the same shape, with each "
+            "encoding's options (configs/bench/peers.yaml; all of them in the JSON)."
+        )
+    else:
+        lines.append(f"- {xt['message']}.")
+    lines.append(
+        f"- The seed report's approach (re-implemented): model `{setting['model']}` "
+        f"({_shape(setting['shape'])}), batches of {setting['batch']} x {setting['length']} "
+        f"tokens, decoding {setting['batch']} sources into {setting['length']} tokens without a "
+        f"cache; training step {_ms(seed['median_s'].get('train', {}))}; "
+        f"decoding {_ms(seed['median_s'].get('decode', {}))}."
+    )
+    lines += [
+        "",
+        "Training steps: posenc's time over the peer's (targets: <= "
+        f"{torch_['max_ratio']:.2f} of nn.Transformer's, <= "
+        f"{peers['x_transformers'].get('max_ratio', 0.0):.2f} of x-transformers'); seed "
+        "decoding: the seed's uncached time over posenc's cached (target >= "
+        f"{seed['min_decode_speedup']:.1f}).",
+        "",
+    ]
+    header = ["pe", *(f"nn.Transformer L={length}" for length in lengths)]
+    if xt["installed"]:
+        header += [f"x-transformers L={length}" for length in lengths]
+    header += ["seed setting: train", "seed setting: decoding speed-up"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, per_length in torch_["ratios"].items():
+        cells = [name, *(_cell(per_length.get(length)) for length in lengths)]
+        if xt["installed"]:
+            cells += [_cell(xt["ratios"].get(name, {}).get(length)) for length in lengths]
+        compared = seed["ratios"].get(name, {})
+        cells += [_cell(compared.get("train")), _cell(compared.get("decode_speedup"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    for name in sorted(seed["ratios"].keys() - torch_["ratios"].keys()):
+        compared = seed["ratios"][name]
+        cells = [name, *["-"] * (len(header) - 3)]
+        cells += [_cell(compared.get("train")), _cell(compared.get("decode_speedup"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    if peers["errors"]:
+        lines += ["", "Peers that failed:", ""]
+        lines += [f"- {key}: {error}" for key, error in peers["errors"].items()]
+    return lines

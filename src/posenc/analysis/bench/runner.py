@@ -20,7 +20,8 @@ Fairness on a noisy machine (timings vary about ±15% from run to run):
   call, so every encoding runs exactly ``L`` decoder steps (checked during warm-up), whatever
   its untrained model predicts;
 * encodings are interleaved: each repetition measures every encoding once, in an order rotated
-  by one each repetition, so slow drifts of the machine's load hit all of them alike;
+  by one each repetition, so slow drifts of the machine's load hit all of them alike; with
+  ``--peers`` (:mod:`.peers`) the peers' slots join the same rotation;
 * each (encoding, length) is warmed up before timing (allocations, AdamW state, caches);
 * garbage collection runs before, and is disabled during, each timed call;
 * reports give medians over repetitions, the ratio of medians to the reference encoding's
@@ -40,16 +41,17 @@ import gc
 import logging
 import os
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self
 
 import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
+from torch import nn
 
 from posenc.analysis.bench.measure import (
     machine_info,
@@ -98,13 +100,22 @@ class BenchSettings:
 
 
 @dataclass
-class Workload:
-    """One encoding's model and optimizer, built once and reused at every length."""
+class Trainer:
+    """A model's optimizer step as the training loop takes it; the model only needs
+    ``model(src, tgt_in) -> logits``, so peers (:mod:`.peers`) share it."""
 
-    model: Seq2Seq
+    model: nn.Module
     optimizer: torch.optim.Optimizer
     smoothing: float
     clip_norm: float
+
+    @classmethod
+    def default(cls, model: nn.Module, *args: Any) -> Self:
+        """``cls(model, AdamW, smoothing, clip, *args)`` with ``configs/trainer/default.yaml``'s
+        settings; weight decay goes to what the model's modules declare (``make_optimizer``)."""
+        trainer = OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml")
+        optimizer = make_optimizer(model, trainer.lr, trainer.betas, trainer.weight_decay)
+        return cls(model, optimizer, trainer.label_smoothing, trainer.clip_norm, *args)
 
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         """One optimizer step on ``batch = (src, tgt_in, tgt_out)``, as the training loop does."""
@@ -115,6 +126,13 @@ class Workload:
         if self.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
         self.optimizer.step()
+
+
+@dataclass
+class Workload(Trainer):
+    """One encoding's model and optimizer, built once and reused at every length."""
+
+    model: Seq2Seq
 
     def decode(self, src: torch.Tensor, length: int) -> None:
         """Greedy decoding of ``src (B, Ls)``, exactly ``length`` decoder steps per call."""
@@ -134,12 +152,12 @@ def never_eos(model: Seq2Seq) -> Iterator[None]:
         model.eos_id = eos
 
 
-def build_workload(name: str, settings: BenchSettings) -> Workload:
-    """Model (seeded) and AdamW of encoding ``name`` with the default trainer settings."""
-    trainer = OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml")
-    model = build_named_model(name, settings.model, settings.vocab_size, settings.seed)
-    optimizer = make_optimizer(model, trainer.lr, trainer.betas, trainer.weight_decay)
-    return Workload(model, optimizer, trainer.label_smoothing, trainer.clip_norm)
+def build_workload(name: str, settings: BenchSettings, model: str | None = None) -> Workload:
+    """Model (seeded) and AdamW of encoding ``name`` with the default trainer settings, at
+    ``configs/model/MODEL.yaml`` (default: the benchmark's ``settings.model``)."""
+    return Workload.default(
+        build_named_model(name, model or settings.model, settings.vocab_size, settings.seed)
+    )
 
 
 def training_batch(
@@ -167,10 +185,28 @@ def count_decoder_calls(work: Workload, src: torch.Tensor, length: int) -> int:
     return calls
 
 
+Unit = list[tuple[Callable[[], None], list[float]]]
+"""One slot of a repetition: calls timed one after the other, each with the list that its
+seconds go to (an encoding's slot: its training step, then its decoding)."""
+
+
+class PeerSet(Protocol):
+    """Workloads timed in the encodings' repetitions (:class:`.peers.Peers`)."""
+
+    def units(self, length: int, batch: tuple[torch.Tensor, ...]) -> list[Unit]:
+        """Warm up at ``length`` and return the slots to time in each repetition."""
+        ...
+
+    def result(self, samples: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+        """The JSON section, given the encodings' samples and summary."""
+        ...
+
+
 def run_timing(
-    settings: BenchSettings,
+    settings: BenchSettings, peers: PeerSet | None = None
 ) -> tuple[dict[str, Workload], dict[str, dict[str, dict[str, list[float]]]], dict[str, str]]:
-    """Build every encoding and time it at every length, interleaved.
+    """Build every encoding and time it at every length, interleaved (with ``peers``' slots,
+    which take their place in the rotated order like the encodings).
 
     Returns the workloads, the raw samples ``{kind: {encoding: {length: [seconds]}}}`` and the
     errors of encodings that failed (they are left out from then on).
@@ -209,15 +245,20 @@ def run_timing(
                 continue
             for kind in KINDS:
                 samples[kind][name][str(length)] = []
-        names = list(workloads)
+        units: list[Unit] = [
+            [
+                (partial(work.train_step, batch), samples["train"][name][str(length)]),
+                (partial(work.decode, sources, length), samples["decode"][name][str(length)]),
+            ]
+            for name, work in workloads.items()
+        ]
+        if peers is not None:
+            units += peers.units(length, batch)
         for rep in range(settings.repeats):
-            shift = rep % len(names) if names else 0
-            for name in names[shift:] + names[:shift]:
-                work = workloads[name]
-                samples["train"][name][str(length)].append(timed(partial(work.train_step, batch)))
-                samples["decode"][name][str(length)].append(
-                    timed(partial(work.decode, sources, length))
-                )
+            shift = rep % len(units) if units else 0
+            for unit in units[shift:] + units[:shift]:
+                for call, times in unit:
+                    times.append(timed(call))
             log.info("L=%d: repetition %d/%d done", length, rep + 1, settings.repeats)
     return workloads, samples, errors
 
@@ -296,20 +337,23 @@ def target_verdict(
     return target, "pass" if figures["ratio"] <= target else "miss"
 
 
-def run(settings: BenchSettings) -> dict[str, Any]:
-    """Run the benchmark; the result holds machine, settings, raw samples, summary, memory."""
+def run(settings: BenchSettings, peers: PeerSet | None = None) -> dict[str, Any]:
+    """Run the benchmark; the result holds machine, settings, raw samples, summary, memory and
+    the ``peers`` section (None without peers)."""
     machine = machine_info()
-    workloads, samples, errors = run_timing(settings)
+    workloads, samples, errors = run_timing(settings, peers)
     memory = run_memory(settings, workloads) if settings.memory else None
     machine["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     targets = {name: speed_target(name) for name in settings.encodings}
+    summary = summarise(samples, settings.reference)
     return {
         "machine": machine,
         "settings": asdict(settings),
         "parameters": {name: count_parameters(work.model) for name, work in workloads.items()},
         "targets": {"length": TARGET_LENGTH, "kind": "train", "max_ratio": targets},
         "samples_s": samples,
-        "summary": summarise(samples, settings.reference),
+        "summary": summary,
         "memory_mb": memory,
         "errors": errors,
+        "peers": peers.result(samples, summary) if peers is not None else None,
     }
