@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from posenc.analysis.bench.efficiency import efficiency_lines
 from posenc.analysis.bench.runner import KINDS, TARGET_LENGTH, target_verdict
 
 
@@ -46,6 +47,7 @@ def markdown(result: dict[str, Any]) -> str:
                 target, verdict = target_verdict(name, summary, targets)
                 cells += ["-" if target is None else f"<= {target:.2f}", verdict]
             lines.append("| " + " | ".join(cells) + " |")
+    lines += efficiency_lines(result)
     memory = result["memory_mb"]
     if memory:
         lines += ["", "## Extra resident memory of one training step (MB)", ""]

@@ -53,9 +53,11 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 from torch import nn
 
+from posenc.analysis.bench.efficiency import ceiling_verdict, step_efficiency
 from posenc.analysis.bench.measure import (
     machine_info,
     map_large_allocations,
+    matmul_ceiling,
     proc_status_kib,
     random_tokens,
     reset_peak_rss,
@@ -71,6 +73,7 @@ log = logging.getLogger("posenc.analysis.bench")
 
 KINDS = {"train": "Training step (forward + backward + AdamW)", "decode": "Cached greedy decoding"}
 TARGET_LENGTH = 128
+MATMUL_SIZE = 2048  # the fp32 matmul whose speed is the ceiling (see :mod:`.efficiency`)
 """The length at which training steps are held to their encodings' speed targets."""
 
 
@@ -341,11 +344,26 @@ def run(settings: BenchSettings, peers: PeerSet | None = None) -> dict[str, Any]
     """Run the benchmark; the result holds machine, settings, raw samples, summary, memory and
     the ``peers`` section (None without peers)."""
     machine = machine_info()
+    ceiling = matmul_ceiling(MATMUL_SIZE)
     workloads, samples, errors = run_timing(settings, peers)
     memory = run_memory(settings, workloads) if settings.memory else None
-    machine["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     targets = {name: speed_target(name) for name in settings.encodings}
     summary = summarise(samples, settings.reference)
+    train_efficiency = step_efficiency(
+        settings.lengths,
+        lambda length: training_batch(max(1, settings.tokens // length), length, settings),
+        {name: work.train_step for name, work in workloads.items()},
+        summary,
+        ceiling,
+    )
+    efficiency = {
+        "matmul_size": MATMUL_SIZE,
+        "ceiling_flop_s": ceiling,
+        "ceiling_end_flop_s": matmul_ceiling(MATMUL_SIZE),
+        "train": train_efficiency,
+        "verdict": ceiling_verdict(settings.reference, train_efficiency),
+    }
+    machine["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
         "machine": machine,
         "settings": asdict(settings),
@@ -356,4 +374,5 @@ def run(settings: BenchSettings, peers: PeerSet | None = None) -> dict[str, Any]
         "memory_mb": memory,
         "errors": errors,
         "peers": peers.result(samples, summary) if peers is not None else None,
+        "efficiency": efficiency,
     }
