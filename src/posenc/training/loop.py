@@ -30,7 +30,13 @@ from posenc.data.tokenizer import Tokenizer
 from posenc.model.factory import build_model
 from posenc.model.seq2seq import Seq2Seq, count_parameters
 from posenc.runtime import checkpoint, distributed
-from posenc.runtime.device import autocast_dtype, memory_mb, resolve_device, seed_everything
+from posenc.runtime.device import (
+    autocast_dtype,
+    keep_freed_memory,
+    memory_mb,
+    resolve_device,
+    seed_everything,
+)
 from posenc.runtime.files import write_json
 from posenc.runtime.rundir import RunDir, as_run_dir
 from posenc.runtime.tblog import RunLogger
@@ -133,6 +139,8 @@ def set_up(cfg: DictConfig, run_dir: RunDir, start: Start | None) -> Training:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = distributed.local_device(resolve_device(cfg.device))
+    if device.type == "cpu":
+        keep_freed_memory()
     tokenizer, data = prepare(cfg, run_dir)
     model = build_model(
         cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id

@@ -3,7 +3,6 @@ process's resident set and its peak (Linux), and random token ids."""
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import platform
@@ -15,10 +14,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-_M_MMAP_THRESHOLD = -3
-
-
-_M_TRIM_THRESHOLD = -1
+from posenc.runtime.device import tune_malloc
 
 
 def random_tokens(shape: tuple[int, int], vocab_size: int, seed: int) -> torch.Tensor:
@@ -81,13 +77,7 @@ def reset_peak_rss() -> bool:
 def map_large_allocations() -> bool:
     """Ask glibc to map every allocation above 64 KiB on its own and to return it when freed,
     so that the resident set follows live memory. False when glibc is not there."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, 64 * 1024)) and bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, 64 * 1024)
-    )
+    return tune_malloc(64 * 1024, 64 * 1024)
 
 
 def matmul_ceiling(size: int = 2048, repeats: int = 5) -> float:

@@ -66,6 +66,7 @@ from posenc.analysis.bench.measure import (
 from posenc.config import CONFIG_DIR, reference_encoding
 from posenc.model.factory import PAD_ID, build_named_model
 from posenc.model.seq2seq import Seq2Seq, count_parameters
+from posenc.runtime.device import keep_freed_memory
 from posenc.training.losses import token_loss
 from posenc.training.optim import make_optimizer
 
@@ -343,6 +344,7 @@ def target_verdict(
 def run(settings: BenchSettings, peers: PeerSet | None = None) -> dict[str, Any]:
     """Run the benchmark; the result holds machine, settings, raw samples, summary, memory and
     the ``peers`` section (None without peers)."""
+    keep_freed_memory()  # as training does (see there); run_memory changes it afterwards
     machine = machine_info()
     ceiling = matmul_ceiling(MATMUL_SIZE)
     workloads, samples, errors = run_timing(settings, peers)
