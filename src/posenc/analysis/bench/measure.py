@@ -3,6 +3,7 @@ process's resident set and its peak (Linux), and random token ids."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import platform
@@ -76,8 +77,13 @@ def reset_peak_rss() -> bool:
 
 def map_large_allocations() -> bool:
     """Ask glibc to map every allocation above 64 KiB on its own and to return it when freed,
-    so that the resident set follows live memory. False when glibc is not there."""
-    return tune_malloc(64 * 1024, 64 * 1024)
+    and give back what its heap kept until now (the timing ran with
+    :func:`~posenc.runtime.device.keep_freed_memory`), so that the resident set follows live
+    memory. False when glibc is not there."""
+    if not tune_malloc(64 * 1024, 64 * 1024):
+        return False
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return True
 
 
 def matmul_ceiling(size: int = 2048, repeats: int = 5) -> float:

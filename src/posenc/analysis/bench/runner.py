@@ -279,7 +279,9 @@ def run_memory(
         batch_size = max(1, settings.tokens // length)
         batch = training_batch(batch_size, length, settings)
         for name, work in workloads.items():
+            work.train_step(batch)  # settles glibc's heap under the thresholds just set
             gc.collect()
+            map_large_allocations()
             before = proc_status_kib("VmRSS")
             if before is None or not reset_peak_rss():
                 return None
