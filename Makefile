@@ -41,8 +41,8 @@ demo: install  ## the main job (~15 min): two short sweeps, their reports and re
 report: install  ## report of a sweep: make report SWEEP=outputs/sweeps/NAME
 	$(PY) scripts/report.py $(SWEEP)
 
-bench: install  ## training-step and decoding speed of every encoding (JSON in outputs/bench)
-	$(PY) scripts/bench.py
+bench: install  ## speed of every encoding and of the peers, issue 15's targets (~15 min; outputs/bench)
+	$(PY) scripts/bench.py --threads 2 --lengths 64,128 --repeats 9 --peers
 
 clean:  ## remove the virtual environment
 	rm -rf $(VENV)
