@@ -3,31 +3,64 @@ training loss of a batch, and the NLL of every sentence pair (validation average
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from posenc.data.batching import TokenBatcher, collate
 from posenc.data.tokenizer import Tokenizer
 from posenc.model.seq2seq import Seq2Seq
 
 
+class SmoothedCrossEntropy(torch.autograd.Function):
+    """Summed label-smoothed cross-entropy and summed NLL of ``logits (N, V)`` against ``gold
+    (N,)``, rows where ``real (N,)`` is False left out; the gradient of the first only.
+
+    Per row, with ``lse = logsumexp(logits)``: NLL ``= lse - logits[gold]`` and the smoothed loss
+    ``= (1 - eps) NLL + eps (lse - mean(logits))`` (``F.cross_entropy(...,
+    label_smoothing=eps)``'s definition). Its gradient ``softmax(logits) - ((1 - eps) onehot +
+    eps / V)`` is written in one pass over the vocabulary, where autograd would chain the
+    log-softmax's, the gather's and the mean's backward passes and keep the log-probabilities."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, logits: Tensor, gold: Tensor, real: Tensor, smoothing: float
+    ) -> tuple[Tensor, Tensor]:
+        lse = torch.logsumexp(logits, dim=-1)
+        nll = lse - logits.gather(1, gold[:, None]).squeeze(1)
+        loss = (1 - smoothing) * nll + smoothing * (lse - logits.mean(dim=-1)) if smoothing else nll
+        ctx.save_for_backward(logits, lse, gold, real)
+        ctx.smoothing = smoothing
+        ctx.mark_non_differentiable(nll)
+        return torch.where(real, loss, 0.0).sum(), torch.where(real, nll, 0.0).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None, None]:
+        logits, lse, gold, real = ctx.saved_tensors
+        eps = ctx.smoothing
+        grad = torch.exp(logits - lse[:, None])
+        if eps:
+            grad.sub_(eps / logits.shape[-1])
+        grad.scatter_add_(1, gold[:, None], torch.full_like(lse[:, None], eps - 1))
+        return grad.mul_((real * grad_loss)[:, None]), None, None, None
+
+
 def token_loss(
     model: Seq2Seq, batch: tuple[torch.Tensor, ...], pad_id: int, smoothing: float
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed label-smoothed loss, summed NLL and the number of target tokens of a batch
-    ``(src (B, S), tgt_in (B, T), tgt_out (B, T))``.
-
-    One log-softmax over the vocabulary serves both: per target token, NLL
-    ``= -log p(gold)`` and the label-smoothed loss ``= (1 - eps) NLL + eps mean_v(-log p(v))``,
-    which is ``F.cross_entropy(..., label_smoothing=eps)``'s definition (tested equal)."""
+    ``(src (B, S), tgt_in (B, T), tgt_out (B, T))``, both from one pass over the logits
+    (:class:`SmoothedCrossEntropy`; tested equal to ``F.cross_entropy``, values and gradients)."""
     src, tgt_in, tgt_out = batch
     logits = model(src, tgt_in).float()
-    log_probs = torch.log_softmax(logits.view(-1, logits.shape[-1]), dim=-1)
     gold = tgt_out.reshape(-1)
     real = gold.ne(pad_id)
-    nll = -log_probs.gather(1, gold.clamp(min=0)[:, None]).squeeze(1)
-    loss = (1 - smoothing) * nll - smoothing * log_probs.mean(dim=-1) if smoothing else nll
-    return torch.where(real, loss, 0.0).sum(), torch.where(real, nll, 0.0).sum(), int(real.sum())
+    loss, nll = SmoothedCrossEntropy.apply(
+        logits.view(-1, logits.shape[-1]), gold.clamp(min=0), real, smoothing
+    )
+    return loss, nll, int(real.sum())
 
 
 @torch.no_grad()
