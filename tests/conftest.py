@@ -55,8 +55,11 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def _deterministic():
+    """Every test starts from seed 0 on one thread (a test that sets threads, e.g. through the
+    benchmark's ``--threads``, gets one thread back after it)."""
     torch.manual_seed(0)
     yield
+    torch.set_num_threads(1)
 
 
 def compose(*overrides: str):

@@ -44,14 +44,6 @@ XT_INSTALLED = xt_version() is not None
 SPEC = peers_module.load_spec()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny_spec() -> dict:
     """``configs/bench/peers.yaml`` with the seed setting shrunk to the tiny model."""
     spec = copy.deepcopy(SPEC)

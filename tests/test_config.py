@@ -3,6 +3,7 @@ it key for key, and it refuses what does not fit with one line."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 
 import pytest
@@ -10,12 +11,11 @@ from conftest import ROOT
 from omegaconf import OmegaConf
 
 from posenc.config import (
-    CONFIG_GROUPS,
-    SETTINGS,
     EvalConfig,
     ModelConfig,
     RunSettings,
     TrainerConfig,
+    check_types,
     flatten,
 )
 
@@ -39,9 +39,18 @@ def test_the_top_level_keys_of_train_yaml_are_described():
     assert scalars == {f.name for f in fields(RunSettings)}
 
 
-def test_the_checked_settings_are_the_groups_fields():
-    assert set(SETTINGS) == {key for g in CONFIG_GROUPS for key in g.settings()}
-    assert "model.d_model" in SETTINGS and "trainer.lr" in SETTINGS and "seed" in SETTINGS
+def test_a_whole_config_is_checked_group_by_group_and_absent_keys_are_tolerated():
+    """``check_types`` (run start, standalone evaluation of older runs) refuses a bad value in
+    any typed group and passes over keys an older config does not have."""
+    assert check_types({"model": {"d_model": 64}, "trainer": {}}) is None
+    for bad, message in [
+        ({"seed": -1}, "seed=-1 must be an integer >= 0"),
+        ({"model": {"d_model": 1.5}}, "model.d_model=1.5 must be an integer >= 1"),
+        ({"trainer": {"precision": "fp16"}}, "trainer.precision='fp16' must be one of auto"),
+        ({"eval": {"checkpoint": "first"}}, "eval.checkpoint='first' must be one of best, last"),
+    ]:
+        with pytest.raises(ValueError, match="^" + re.escape(message)):
+            check_types(bad)
 
 
 def test_a_group_refuses_an_unknown_a_missing_or_a_bad_value_in_one_line():

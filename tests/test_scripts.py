@@ -20,15 +20,6 @@ from posenc.model.factory import build_named_model, encoding_names, select_encod
 PLOTTED = [name for name in ("nonepe", "sinpe", "alibi", "rope") if name in PE_NAMES]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run faster on one thread (and far faster on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_catalog_lists_every_config_with_nonepe_first():
     names = encoding_names()
     assert sorted(names) == PE_NAMES

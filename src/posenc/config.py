@@ -110,6 +110,11 @@ class Setting:
                 text += f" >= {_num(self.low)}"
         return text + (" or null" if self.optional else "")
 
+    def check(self, key: str, value: Any) -> None:
+        """Raise ``ValueError`` (one line: key, value, what it must be) unless ``value`` fits."""
+        if not self.accepts(value):
+            raise ValueError(f"{key}={value!r} must be {self.describe()}")
+
     def accepts(self, value: Any) -> bool:
         """Whether ``value`` (a plain Python value) fits."""
         if value is None:
@@ -162,10 +167,14 @@ class ConfigGroup:
     GROUP: ClassVar[str]
 
     @classmethod
+    def prefix(cls) -> str:
+        """``"group."``, or nothing for the top-level keys."""
+        return f"{cls.GROUP}." if cls.GROUP else ""
+
+    @classmethod
     def settings(cls) -> dict[str, Setting]:
         """``{"group.key": Setting}`` for every key of the group."""
-        prefix = f"{cls.GROUP}." if cls.GROUP else ""
-        return {f"{prefix}{f.name}": f.metadata["setting"] for f in fields(cls)}
+        return {cls.prefix() + f.name: f.metadata["setting"] for f in fields(cls)}
 
     @classmethod
     def of(cls, node: Mapping) -> Self:
@@ -177,7 +186,7 @@ class ConfigGroup:
         """
         values = plain(node)
         known = {f.name for f in fields(cls)}
-        prefix = f"{cls.GROUP}." if cls.GROUP else ""
+        prefix = cls.prefix()
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(
@@ -191,10 +200,8 @@ class ConfigGroup:
 
     def __post_init__(self) -> None:
         """Refuse a value that does not fit (one line: key, value, what it must be)."""
-        for key, accepted in type(self).settings().items():
-            value = getattr(self, key.rsplit(".", 1)[-1])
-            if not accepted.accepts(value):
-                raise ValueError(f"{key}={value!r} must be {accepted.describe()}")
+        for f in fields(self):
+            f.metadata["setting"].check(self.prefix() + f.name, getattr(self, f.name))
 
 
 def _required(f: Field) -> bool:
@@ -323,8 +330,8 @@ def check_types(cfg: Mapping) -> None:
     plain, resolved dict) whose value does not fit."""
     for key, setting in SETTINGS.items():
         present, value = _lookup(cfg, key)
-        if present and not setting.accepts(value):
-            raise ValueError(f"{key}={value!r} must be {setting.describe()}")
+        if present:
+            setting.check(key, value)
 
 
 # ---------------------------------------------------------------- identity

@@ -33,9 +33,11 @@ Fairness on a noisy machine (timings vary about ±15% from run to run):
   (always measured), the median of per-repetition ratios (paired, more robust to drift), and
   the verdict on each encoding class's own target (:attr:`StackEncoding.speed_target`).
 
-Memory (Linux only, after the timing so that it cannot disturb it): glibc is told to serve
-every allocation above 64 KiB with its own mapping, which is returned to the OS when freed;
-the resident set then tracks live tensors, and the peak resident set during one training step
-(``/proc/self/clear_refs`` resets it) minus the resident set before it is the step's extra
-memory (activations, gradients, temporaries) above the model and optimizer state.
+Timing runs with glibc keeping freed memory on its heap, as training does
+(:func:`posenc.runtime.device.keep_freed_memory`). Memory (Linux only, after the timing so that
+it cannot disturb it): glibc is then told to give back what its heap kept and to serve every
+allocation above 64 KiB with its own mapping, returned to the OS when freed; after one settling
+step per encoding, the resident set tracks live tensors, and the peak resident set during one
+training step (``/proc/self/clear_refs`` resets it) minus the resident set before it is the
+step's extra memory (activations, gradients, temporaries) above the model and optimizer state.
 """
