@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from posenc.config import (
     EvalConfig,
+    LoggerConfig,
     ModelConfig,
     RunSettings,
     TrainerConfig,
@@ -35,8 +36,9 @@ def test_every_yaml_of_a_group_has_exactly_the_described_keys(group, path):
 
 def test_the_top_level_keys_of_train_yaml_are_described():
     top = OmegaConf.load(ROOT / "configs" / "train.yaml")
-    scalars = {k for k in top if k not in ("defaults", "hydra")}
+    scalars = {k for k in top if k not in ("defaults", "hydra", "logger")}
     assert scalars == {f.name for f in fields(RunSettings)}
+    assert set(top.logger) == {f.name for f in fields(LoggerConfig)}
 
 
 def test_a_whole_config_is_checked_group_by_group_and_absent_keys_are_tolerated():

@@ -11,8 +11,19 @@ import pytest
 from conftest import PE_NAMES, ROOT
 
 SRC = ROOT / "src" / "posenc"
-#: the phases in data-flow order; ``job`` ties training and evaluation together
-PHASES = ("config", "runtime", "data", "model", "training", "evaluation", "analysis", "job")
+#: the phases in data-flow order; ``translate`` is a command over a trained run; ``job`` ties
+#: training and evaluation together
+PHASES = (
+    "config",
+    "runtime",
+    "data",
+    "model",
+    "training",
+    "evaluation",
+    "translate",
+    "analysis",
+    "job",
+)
 MAX_LINES = 500
 MODULES = sorted(p for p in SRC.rglob("*.py"))
 

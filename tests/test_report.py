@@ -20,10 +20,12 @@ from posenc.analysis.report.build import build_report, main, scores_summary
 from posenc.analysis.report.render import SECTIONS, Table, slug
 from posenc.analysis.report.runs import ReportError, Run, reference_of
 from posenc.analysis.report.sections_by_encoding import setup_groups
-from posenc.analysis.report.stats import aggregate_curves, bucket_position, length_limits, mean_std
+from posenc.analysis.report.sections_by_split import SEEDS_COLUMN
+from posenc.analysis.report.stats import bucket_position, length_limits, mean_std
 from posenc.config import LENGTH_LIMITS, reference_encoding
 from posenc.evaluation.metrics import bleu_chrf
 from posenc.job import run
+from posenc.runtime.hparams import EXPERIMENT_DIR
 from posenc.runtime.tblog import RunLogger
 
 SHORT = (
@@ -140,7 +142,7 @@ def test_score_tables_match_the_runs_metrics(report, sweep):
     nonepe = [metrics_of(sweep, n)["splits"]["test"] for n in ("pe=nonepe", "pe=nonepe,seed=1")]
     scores = section(markdown, 3)
     cells = table_row(scores, "rope")  # the first row is the test split's
-    assert cells[1:3] == ["1", "4"]
+    assert cells[1:3] == ["0", "4"]  # seeds: the training seeds of the row's runs
     assert cells[3] == f"{rope['test']['bleu']:.2f}" and cells[6] == f"{rope['test']['loss']:.4f}"
     losses = [m["loss"] for m in nonepe]
     assert table_row(scores, "nonepe")[6] == (
@@ -229,6 +231,8 @@ def test_significance_uses_sacrebleus_paired_bootstrap_on_concatenated_seeds(swe
     assert 0 < float(cells[3]) < 0.05  # far worse than the baseline on every resample
     cells = table_row(section(markdown, 4), "nonepe")
     assert cells[1] == "0, 1" and cells[3] == "baseline" and cells[2].startswith("100.00")
+    assert table_row(section(markdown, 3), "nonepe")[1] == "0, 1"  # the same seeds column
+    assert SEEDS_COLUMN in section(markdown, 3) and SEEDS_COLUMN in section(markdown, 4)
     assert "bs:200|seed:12345" in markdown
 
 
@@ -239,15 +243,6 @@ def test_user_errors_are_one_line(sweep, tmp_path, capsys):
         main([str(tmp_path)])
     with pytest.raises(SystemExit, match=r"split 'nope' is in no metrics.json; found: test, long"):
         main([str(sweep), "--out", str(tmp_path / "out"), "--split", "nope"])
-
-
-def test_seeds_are_averaged_inside_their_own_range_only():
-    early = (np.array([0.0, 10.0]), np.array([4.0, 2.0]))
-    late = (np.array([0.0, 20.0]), np.array([6.0, 2.0]))
-    agg = aggregate_curves([early, late], np.array([0.0, 10.0, 20.0]))
-    assert agg["mean"].tolist() == [5.0, 3.0, 2.0]  # at 20 only the longer seed counts
-    assert agg["min"].tolist() == [4.0, 2.0, 2.0] and agg["max"].tolist() == [6.0, 4.0, 2.0]
-    assert agg["count"].tolist() == [2, 2, 1]
 
 
 def test_helpers():
@@ -358,3 +353,16 @@ def test_cost_is_relative_to_the_configured_or_requested_reference(sweep, tmp_pa
         main([str(copy), "--bootstrap", "10"])
     main([str(copy), "--bootstrap", "10", "--reference", "rope"])
     assert "× rope" in section((copy / "report" / "report.md").read_text(), 6)
+
+
+def test_the_report_writes_the_sweeps_hparams_summary(report, sweep):
+    """The runs were trained outside a Hydra multirun, so no job wrote the sweep's summary:
+    the report does, and TensorBoard's HParams tab then shows the encodings as differing."""
+    from test_hparams import TensorBoardView, python
+
+    _, markdown, _ = report
+    (summary,) = [p for p in sweep.iterdir() if EXPERIMENT_DIR.fullmatch(p.name)]
+    assert f"`{summary.name}/`" in markdown
+    infos = {i.name: i for i in TensorBoardView(sweep).experiment().hparam_infos}
+    assert infos["pe.name"].differs and infos["seed"].differs
+    assert [python(v) for v in infos["pe.name"].domain_discrete.values] == ["nonepe", "rope"]

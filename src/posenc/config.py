@@ -45,11 +45,14 @@ RUN_CONTROL_KEYS = frozenset(
         "trainer.progress",
         "trainer.log_every",
         "eval.splits",
+        "logger.csv",
+        "logger.mlflow",
+        "logger.mlflow_uri",
     }
 )
 #: settings no result depends on, left out of reports: where this machine keeps the data, the
 #: vocabulary file and the tokenizer cache (the files themselves are named by other settings)
-UNREPORTED_KEYS = frozenset({"cache_dir", "data.dir", "tokenizer.vocab_file"})
+UNREPORTED_KEYS = frozenset({"cache_dir", "data.dir", "tokenizer.vocab_file", "logger.mlflow_uri"})
 #: the training length limits a configuration can set, with the unit each counts in (the report
 #: draws them on its length-bucket figure)
 LENGTH_LIMITS = {
@@ -258,6 +261,7 @@ class TrainerConfig(ConfigGroup):
     init_from: str | None = setting("str", optional=True)
     progress: bool = setting("bool")
     compile: bool = setting("bool", default=False)
+    patience: int | None = setting("int", low=1, optional=True, default=None)
 
     def budget_spent(self, steps: int, seconds: float) -> bool:
         """Whether ``steps`` optimizer steps and ``seconds`` of training spend the budget
@@ -283,6 +287,22 @@ class EvalConfig(ConfigGroup):
     length_buckets: list[int] = setting("list")
     bertscore: dict[str, Any] = setting("mapping")
     pe_variants: dict[str, Any] = setting("mapping")
+    # with defaults: a run saved before these settings existed decodes greedily from one
+    # checkpoint, and standalone evaluation may still set them
+    beam_size: int = setting(**POSITIVE, default=1)
+    lenpen: float = setting("number", default=1.0)
+    average_last: int = setting(**POSITIVE, default=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggerConfig(ConfigGroup):
+    """``logger.*`` in ``configs/train.yaml``: where scalars go besides TensorBoard (see
+    :mod:`posenc.runtime.sinks`)."""
+
+    GROUP: ClassVar[str] = "logger"
+    csv: bool = setting("bool", default=False)
+    mlflow: bool = setting("bool", default=False)
+    mlflow_uri: str = setting("str", default="mlruns")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,7 +321,13 @@ class RunSettings(ConfigGroup):
 
 #: the typed config groups; ``data``, ``tokenizer`` and ``pe`` are checked by the code that
 #: reads them (their keys depend on ``data.kind``, ``tokenizer.kind`` and the encoding)
-CONFIG_GROUPS: tuple[type[ConfigGroup], ...] = (RunSettings, ModelConfig, TrainerConfig, EvalConfig)
+CONFIG_GROUPS: tuple[type[ConfigGroup], ...] = (
+    RunSettings,
+    ModelConfig,
+    TrainerConfig,
+    EvalConfig,
+    LoggerConfig,
+)
 SETTINGS: dict[str, Setting] = {
     key: accepted for group in CONFIG_GROUPS for key, accepted in group.settings().items()
 }
@@ -314,6 +340,16 @@ def plain(node: Mapping) -> dict:
     if OmegaConf.is_config(node):
         return OmegaConf.to_container(node, resolve=True)
     return dict(node)
+
+
+def reported_settings(cfg: Mapping) -> dict[str, Any]:
+    """The flattened settings a run's results depend on (and its seed): what HParams and
+    MLflow show; scalars stay scalars, anything else becomes its string."""
+    return {
+        key: value if isinstance(value, bool | int | float | str) else str(value)
+        for key, value in flatten(plain(cfg)).items()
+        if key == "seed" or key not in RUN_CONTROL_KEYS | UNREPORTED_KEYS
+    }
 
 
 def _lookup(cfg: Mapping, dotted: str) -> tuple[bool, Any]:

@@ -17,13 +17,14 @@ from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from posenc.config import RUN_CONTROL_KEYS, UNREPORTED_KEYS, TrainerConfig, flatten, plain
+from posenc.config import TrainerConfig, reported_settings
 from posenc.data.corpus import DataError
 from posenc.evaluation.evaluate import evaluate
 from posenc.runtime import distributed
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.device import resolve_device
 from posenc.runtime.rundir import RunDir
+from posenc.training.interrupt import TrainingInterrupted
 from posenc.training.loop import TrainingError, train
 from posenc.training.start import RunMismatchError, find_start
 
@@ -42,6 +43,9 @@ def _absolute_paths(cfg: DictConfig) -> None:
         if cfg.tokenizer.get("vocab_file"):
             cfg.tokenizer.vocab_file = to_absolute_path(cfg.tokenizer.vocab_file)
         cfg.cache_dir = to_absolute_path(str(Path(cfg.cache_dir).expanduser()))
+        uri = cfg.get("logger", {}).get("mlflow_uri")
+        if uri and "://" not in uri:  # a local directory, not a server
+            cfg.logger.mlflow_uri = to_absolute_path(str(Path(uri).expanduser()))
         for key in ("resume", "init_from"):
             if cfg.trainer.get(key):
                 cfg.trainer[key] = to_absolute_path(cfg.trainer[key])
@@ -61,7 +65,12 @@ def finished_metrics(cfg: DictConfig, run_dir: RunDir) -> dict[str, Any] | None:
         return None
     trainer = TrainerConfig.of(cfg.trainer)
     spent = trainer.budget_spent(summary.get("steps", 0), summary.get("train_seconds", 0.0))
-    return metrics if spent else None
+    stopped = bool(
+        summary.get("stopped_early")
+        and trainer.patience
+        and summary.get("validations_since_best", 0) >= trainer.patience
+    )
+    return metrics if spent or stopped else None
 
 
 def objective(cfg: DictConfig, run_dir: Path) -> float | None:
@@ -87,6 +96,15 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
     directory = RunDir(run_dir)
     try:
         return _run(cfg, directory, multirun)
+    except TrainingInterrupted as stop:
+        log.error("%s", stop)
+        sys.exit(stop.exit_code)
+    except KeyboardInterrupt:
+        log.error(
+            "interrupted (Ctrl-C) outside the training steps; what was saved stays: run the same "
+            "command again to go on from the last checkpoint"
+        )
+        sys.exit(130)
     finally:
         directory.close()
         distributed.teardown()
@@ -117,9 +135,12 @@ def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | N
         metrics = evaluate(cfg, run_dir)
     except USER_ERRORS as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if distributed.is_main() and not isinstance(err, RunMismatchError):
-            run_dir.record_failure(type(err).__name__, message)
         log.error("%s: %s", type(err).__name__, message)
+        if distributed.is_main() and not isinstance(err, RunMismatchError):
+            try:
+                run_dir.record_failure(type(err).__name__, message)
+            except OSError as unwritten:  # the disk may be full
+                log.error("could not record the failure in %s: %s", run_dir.failure_file, unwritten)
         if multirun:
             return None  # the sweep goes on; the report lists this run as failed
         sys.exit(1)
@@ -136,6 +157,11 @@ def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | N
 
 
 def _log_hparams(cfg: DictConfig, run_dir: RunDir, metrics: dict[str, Any]) -> None:
+    """The run's session in TensorBoard's HParams tab (its settings, final scores and best
+    validation loss); in a multirun, then the sweep's experiment summary at the sweep's root,
+    rewritten from every session under it (:mod:`posenc.runtime.hparams`)."""
+    from posenc.runtime.hparams import hydra_sweep_root, write_sweep_experiment
+
     train_info = metrics.get("train", {})
     values = {"hparam/valid_loss": train_info.get("best_valid_loss")}
     for split, m in metrics["splits"].items():
@@ -144,10 +170,13 @@ def _log_hparams(cfg: DictConfig, run_dir: RunDir, metrics: dict[str, Any]) -> N
         if m.get("bertscore_f1") is not None:
             values[f"hparam/{split}_bertscore_f1"] = m["bertscore_f1"]
     values = {k: float(v) for k, v in values.items() if v is not None}
-    params = {
-        key: value if isinstance(value, bool | int | float | str) else str(value)
-        for key, value in flatten(plain(cfg)).items()
-        if key == "seed" or key not in RUN_CONTROL_KEYS | UNREPORTED_KEYS
-    }
     step = metrics["step"]
-    run_dir.logger(resume_step=step, resume_seconds=1e12).hparams(params, values, step)
+    run_dir.logger(resume_step=step, resume_seconds=1e12).hparams(
+        reported_settings(cfg), values, step
+    )
+    root = hydra_sweep_root(run_dir.path)
+    if root is not None:
+        try:
+            write_sweep_experiment(root)
+        except OSError as err:  # the run is done; a full disk must not fail it here
+            log.warning("TensorBoard's HParams summary of %s not written: %s", root, err)

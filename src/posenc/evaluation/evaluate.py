@@ -1,8 +1,10 @@
-"""Decode test sets with batched greedy search and score them.
+"""Decode test sets (greedy or beam search, from one checkpoint or an average of the last N) and
+score them.
 
 Writes, per split, ``hypotheses.<split>.txt`` and ``references.<split>.txt`` (detokenised) and
 ``metrics.json`` with sacreBLEU (and signature), chrF, BERTScore (model, layer, hash), the test
-loss, decoding time and speed, and BLEU/loss by source-length bucket.
+loss, the decoding settings, decoding time and speed, and BLEU/loss by source-length bucket;
+with ``eval.average_last`` > 1 it names the averaged checkpoints (``averaged``).
 
 The evaluation that training runs goes into the run directory itself; when a continued run is
 evaluated again at a later step, the earlier evaluation moves to ``RUN/evals/step=N/`` first.
@@ -26,10 +28,12 @@ from posenc.data.corpora import eval_splits, load_corpora
 from posenc.data.corpus import Corpus
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.attention_maps import example_attention, plot_attention
-from posenc.evaluation.decode import translate
+from posenc.evaluation.decode import DecodeSettings, translate
 from posenc.evaluation.metrics import BertScore, bleu_chrf, length_buckets
 from posenc.model.factory import load_run_model, variant_model
 from posenc.model.seq2seq import Seq2Seq
+from posenc.runtime.averaging import last_step_checkpoints
+from posenc.runtime.checkpoint import step_checkpoints
 from posenc.runtime.device import resolve_device
 from posenc.runtime.files import write_json
 from posenc.runtime.rundir import RunDir, as_run_dir
@@ -43,29 +47,21 @@ def evaluate_split(
     tokenizer: Tokenizer,
     corpus: Corpus,
     eval_cfg: DictConfig,
+    decoding: DecodeSettings,
     bertscore: BertScore,
     device: torch.device,
     out_dir: Path,
     split: str,
 ) -> dict[str, Any]:
-    """Decode and score one split; writes its hypothesis and reference files into
-    ``out_dir``."""
+    """Decode (as ``decoding`` says) and score one split; writes its hypothesis and reference
+    files into ``out_dir``."""
     if eval_cfg.max_sentences:
         corpus = Corpus(
             corpus.name, corpus.src[: eval_cfg.max_sentences], corpus.tgt[: eval_cfg.max_sentences]
         )
     sources = tokenizer.encode_batch(corpus.src)
     targets = tokenizer.encode_batch(corpus.tgt)
-    ids, seconds = translate(
-        model,
-        tokenizer,
-        sources,
-        eval_cfg.batch_tokens,
-        eval_cfg.max_len_a,
-        eval_cfg.max_len_b,
-        eval_cfg.use_cache,
-        device,
-    )
+    ids, seconds = translate(model, tokenizer, sources, decoding, device)
     hypotheses = tokenizer.decode_batch(ids)
     (out_dir / f"hypotheses.{split}.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     (out_dir / f"references.{split}.txt").write_text("\n".join(corpus.tgt) + "\n", encoding="utf-8")
@@ -79,7 +75,11 @@ def evaluate_split(
         "decode_seconds": round(seconds, 3),
         "decode_tokens_per_s": round(generated / max(seconds, 1e-9), 1),
         "decode_sentences_per_s": round(len(ids) / max(seconds, 1e-9), 2),
-        "use_cache": bool(eval_cfg.use_cache),
+        "use_cache": decoding.use_cache,
+        "beam_size": decoding.beam_size,
+        "lenpen": decoding.lenpen,
+        "max_len_a": decoding.max_len_a,
+        "max_len_b": decoding.max_len_b,
         "empty_hypotheses": sum(not h.strip() for h in hypotheses),
         "buckets": length_buckets(
             list(eval_cfg.length_buckets),
@@ -113,6 +113,31 @@ def evaluate_split(
 EVALUATION_FILES = ("metrics.json", "hypotheses.*.txt", "references.*.txt", "attention.*")
 
 
+def average_last(cfg: DictConfig) -> int:
+    """How many step checkpoints evaluation averages (``eval.average_last``; 1, no averaging,
+    for a run saved before the setting existed)."""
+    return int(cfg.eval.get("average_last", 1))
+
+
+def kept_for_averaging(cfg: DictConfig, run_dir: RunDir) -> int:
+    """What the run's own evaluation after training averages: ``eval.average_last`` step
+    checkpoints, or all the run kept when it validated fewer times (with a warning; below two,
+    the ``eval.checkpoint`` one), so that a trained run does not fail for want of validations.
+    Standalone evaluation asks for exactly ``eval.average_last`` instead."""
+    wanted = average_last(cfg)
+    kept = len(step_checkpoints(run_dir.checkpoints)) if wanted > 1 else wanted
+    if kept < wanted:
+        log.warning(
+            "eval.average_last=%d, but the run validated only %d times: %s; validate more "
+            "often (trainer.valid_every) to average %d",
+            wanted,
+            kept,
+            f"averaging those {kept}" if kept > 1 else f"evaluating {cfg.eval.checkpoint}.pt",
+            wanted,
+        )
+    return max(min(kept, wanted), 1)
+
+
 def archive_evaluation(run_dir: RunDir, step: int) -> Path | None:
     """Move the run's own evaluation of another step than ``step`` to ``RUN/evals/step=N/``,
     so a continued run's new evaluation replaces nothing; returns where it went."""
@@ -140,10 +165,12 @@ def evaluate(
     when the caller has it already."""
     device = resolve_device(cfg.device)
     run_dir = as_run_dir(run_dir)
-    if loaded is None:
-        loaded = load_run_model(run_dir.path, cfg, cfg.eval.checkpoint, device)
-    tokenizer, model, step, path = loaded
     own = out_dir is None
+    averaged_count = kept_for_averaging(cfg, run_dir) if own else average_last(cfg)
+    if loaded is None:
+        loaded = load_run_model(run_dir.path, cfg, cfg.eval.checkpoint, device, averaged_count)
+    tokenizer, model, step, path = loaded
+    decoding = DecodeSettings.of(cfg)
     out_dir = run_dir.path if own else out_dir
     if own:
         archive_evaluation(run_dir, step)
@@ -159,9 +186,12 @@ def evaluate(
         "step": step,
         "splits": {},
     }
+    if averaged_count > 1:
+        averaged = last_step_checkpoints(run_dir.checkpoints, averaged_count)
+        metrics["averaged"] = [checkpoint.name for checkpoint in averaged]
     for split in splits:
         metrics["splits"][split] = evaluate_split(
-            model, tokenizer, corpora[split], cfg.eval, bertscore, device, out_dir, split
+            model, tokenizer, corpora[split], cfg.eval, decoding, bertscore, device, out_dir, split
         )
     variants = cfg.eval.get("pe_variants") or {}
     if variants:
@@ -176,6 +206,7 @@ def evaluate(
                     tokenizer,
                     corpora[split],
                     cfg.eval,
+                    decoding,
                     bertscore,
                     device,
                     out_dir,

@@ -9,12 +9,15 @@ import json
 import logging
 import re
 import sys
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.evaluation.evaluate import evaluate
+from posenc.config import EvalConfig
+from posenc.evaluation.evaluate import average_last, evaluate
 from posenc.model.factory import checkpoint_path, load_run_model
+from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.device import resolve_device
 from posenc.runtime.files import read_json
 
@@ -36,8 +39,13 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
 
     from posenc.config import check_types
 
-    # eval.pe_variants is a free-form mapping (variant name -> pe settings): replaced whole.
-    overrides = [f"++{o}" if o.startswith("eval.pe_variants=") else o for o in overrides]
+    # eval.pe_variants is a free-form mapping (variant name -> pe settings): replaced whole; an
+    # eval setting with a default may be missing from a run saved before it existed: added.
+    added = (
+        "eval.pe_variants",
+        *(f"eval.{f.name}" for f in fields(EvalConfig) if f.default is not MISSING),
+    )
+    overrides = [f"++{o}" if o.split("=", 1)[0] in added else o for o in overrides]
     try:
         with initialize_config_dir(str(run_dir.resolve()), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
@@ -82,6 +90,20 @@ def existing_checkpoint(run_dir: Path, which: str) -> Path:
     return path
 
 
+def load_checked(run_dir: Path, cfg: DictConfig) -> tuple:
+    """:func:`load_run_model` at the checkpoint ``eval.checkpoint`` names, or averaged over the
+    last ``eval.average_last`` step checkpoints; SystemExit (one line) when they are missing
+    or unreadable."""
+    averaged_count = average_last(cfg)
+    if averaged_count == 1:
+        existing_checkpoint(run_dir, cfg.eval.checkpoint)
+    device = resolve_device(cfg.device)
+    try:
+        return load_run_model(run_dir, cfg, cfg.eval.checkpoint, device, averaged_count)
+    except CheckpointError as err:
+        raise SystemExit(str(err)) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m posenc.evaluation run_dir=PATH [KEY=VALUE ...]``: overrides apply to the run's
     saved config (e.g. ``eval.use_cache=false``, ``eval.splits=[test,long]``); the results go
@@ -94,9 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     overrides = [a for a in args if not a.startswith("run_dir=")]
     check_run_dir(run_dir)
     cfg = compose_run_config(run_dir, overrides)
-    existing_checkpoint(run_dir, cfg.eval.checkpoint)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    loaded = load_run_model(run_dir, cfg, cfg.eval.checkpoint, resolve_device(cfg.device))
+    loaded = load_checked(run_dir, cfg)
     out_dir = evaluation_dir(run_dir, overrides, loaded[2])
     metrics = read_json(out_dir / "metrics.json")
     if metrics is not None:

@@ -13,7 +13,7 @@ from posenc.config import CONFIG_DIR, ModelConfig, plain, reference_encoding
 from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.model.encodings import encoding_factory
 from posenc.model.seq2seq import Seq2Seq
-from posenc.runtime import checkpoint
+from posenc.runtime import averaging, checkpoint
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -81,16 +81,30 @@ def checkpoint_path(run_dir: Path, which: str) -> Path:
     return path
 
 
-def load_run_model(run_dir: Path, cfg: DictConfig, which: str, device: torch.device):
-    """The tokenizer and the model of a run directory at its ``best`` or ``last`` checkpoint."""
+def load_run_model(
+    run_dir: Path, cfg: DictConfig, which: str, device: torch.device, average_last: int = 1
+):
+    """The tokenizer, the model, its step and its checkpoint's path, for a run directory at its
+    ``best`` or ``last`` checkpoint; with ``average_last`` > 1, the weights averaged over its
+    newest ``average_last`` step checkpoints instead (the step and path are the newest one's).
+
+    Raises:
+        CheckpointError: a checkpoint is missing or unreadable (one line).
+    """
     tokenizer = load_tokenizer(run_dir / "tokenizer")
-    path = checkpoint_path(run_dir, which)
-    payload = checkpoint.load(path)
+    if average_last > 1:
+        paths = averaging.last_step_checkpoints(run_dir / "checkpoints", average_last)
+        path, weights = paths[-1], averaging.averaged_weights(paths)
+        step = int(path.stem.removeprefix("step_"))
+    else:
+        path = checkpoint_path(run_dir, which)
+        payload = checkpoint.load(path)
+        weights, step = payload["model"], payload["state"]["step"]
     model = build_model(
         cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
     )
-    model.load_state_dict(payload["model"])
-    return tokenizer, model.to(device).eval(), payload["state"]["step"], path
+    model.load_state_dict(weights)
+    return tokenizer, model.to(device).eval(), step, path
 
 
 def variant_model(

@@ -108,6 +108,16 @@ class DecoderCache:
     layers: list[dict[str, KVCache]] = field(default_factory=list)
     length: int = 0
 
+    def reorder(self, index: Tensor) -> None:
+        """Keep, in place, the rows ``index (B',)`` of every cached tensor (keys and values
+        ``(B, H, L, D)``, key states ``(B, H, L)``): beam search follows its surviving
+        hypotheses this way, and drops the rows of finished sentences."""
+        for layer in self.layers:
+            for entry in layer.values():
+                for name, tensor in entry.items():
+                    if tensor is not None:
+                        entry[name] = tensor.index_select(0, index)
+
 
 class Stack(nn.Module):
     """A stack: its encoding, one layer per ``encoding.n_layers``, input dropout and a final norm

@@ -1,6 +1,6 @@
 """Seq2Seq: token embeddings, ``nn.Transformer`` with posenc's stacks (see
-:mod:`posenc.model.transformer`), output head, and batched greedy decoding with a key/value
-cache."""
+:mod:`posenc.model.transformer`), output head, and batched decoding with a key/value cache:
+greedy here, beam search in :mod:`posenc.model.search`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from posenc.config import ModelConfig
 from posenc.model.attention import first_calls
 from posenc.model.encodings.base import Site, StackEncoding
 from posenc.model.layers import Decoder, DecoderCache, Encoder
+from posenc.model.search import beam_search, max_lengths
 from posenc.model.transformer import StackedTransformer
 
 
@@ -131,19 +132,33 @@ class Seq2Seq(nn.Module):
         max_len_a: float = 1.5,
         max_len_b: int = 10,
         use_cache: bool = True,
+        beam_size: int = 1,
+        lenpen: float = 1.0,
     ) -> list[list[int]]:
-        """Batched greedy decoding of ``src (B, Ls)``.
+        """Translate ``src (B, Ls)``: batched greedy decoding when ``beam_size`` is 1, else the
+        best hypothesis of :func:`~posenc.model.search.beam_search` under length penalty
+        ``lenpen``.
 
-        Each row may produce at most ``max_len_a * source_length + max_len_b`` tokens; decoding
-        stops once every row has produced EOS. With ``use_cache=False`` the decoder recomputes
-        the whole prefix at every step (a reference for the cache). Returns token ids per row,
-        without BOS and EOS.
+        Each row may produce at most ``max_len_a * source_length + max_len_b`` tokens (EOS
+        included). With ``use_cache=False`` the decoder recomputes the whole prefix at every
+        step (a reference for the cache). Returns token ids per row, without BOS and EOS.
         """
         was_training = self.training
         self.eval()
+        try:
+            if beam_size == 1:
+                return self._greedy(src, max_len_a, max_len_b, use_cache)
+            found = beam_search(self, src, beam_size, lenpen, max_len_a, max_len_b, use_cache)
+            return [hypotheses[0].tokens for hypotheses in found]
+        finally:
+            self.train(was_training)
+
+    def _greedy(
+        self, src: Tensor, max_len_a: float, max_len_b: int, use_cache: bool
+    ) -> list[list[int]]:
+        """Greedy decoding of ``src (B, Ls)``; stops once every row has produced EOS."""
         memory, src_pad = self.encode(src)
-        src_lengths = (~src_pad).sum(dim=1)
-        limits = (src_lengths.float() * max_len_a + max_len_b).long()
+        limits = max_lengths(src_pad, max_len_a, max_len_b)
         batch = src.shape[0]
         tokens = torch.full((batch, 1), self.bos_id, dtype=torch.long, device=src.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
@@ -162,7 +177,6 @@ class Seq2Seq(nn.Module):
             finished |= next_token.eq(self.eos_id)
             if bool(finished.all()):
                 break
-        self.train(was_training)
         return [_strip(row, self.eos_id, self.pad_id) for row in tokens[:, 1:].tolist()]
 
 

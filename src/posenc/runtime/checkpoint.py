@@ -36,11 +36,48 @@ def save_atomic(obj: Any, path: Path, keep_previous: bool = False) -> None:
 
     With ``keep_previous``, the file being replaced first becomes ``previous.pt`` in the same
     directory (``path`` itself stays complete throughout).
+
+    Raises:
+        CheckpointError: the file could not be written (a full disk, say): one line naming it,
+            the space it needed and had, and the last good checkpoint, which is kept.
     """
-    with replacing(path, "wb") as handle:
-        torch.save(obj, handle)
-        if keep_previous and path.exists():
-            _link_over(path, path.with_name(PREVIOUS))
+    try:
+        with replacing(path, "wb") as handle:
+            torch.save(obj, handle)
+            if keep_previous and path.exists():
+                _link_over(path, path.with_name(PREVIOUS))
+    except (OSError, RuntimeError) as err:  # torch reports a short write as a RuntimeError
+        raise CheckpointError(_unwritten(path, obj, err)) from err
+
+
+def _unwritten(path: Path, obj: Any, err: BaseException) -> str:
+    """Why ``obj`` could not be saved to ``path`` and what is left, in one line."""
+    needed = tensor_bytes(obj)
+    free = shutil.disk_usage(path.parent).free if path.parent.is_dir() else 0
+    cause = str(err).splitlines()[0] if str(err) else type(err).__name__
+    why = "the disk is full" if free < needed else cause
+    kept = (
+        f"the last good checkpoint {path} is kept"
+        if path.exists()
+        else "no earlier checkpoint of this name exists"
+    )
+    return (
+        f"could not write checkpoint {path}: {why} (it needs about {needed / 1e6:,.1f} MB, "
+        f"{free / 1e6:,.1f} MB are free); {kept}; free some space and run the same command "
+        "again to resume"
+    )
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in ``obj`` (nested dicts, lists and tuples): what saving it needs,
+    give or take the pickled plain values."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(value) for value in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(value) for value in obj)
+    return 0
 
 
 def _link_over(source: Path, target: Path) -> None:
@@ -104,3 +141,25 @@ def load(path: Path) -> dict[str, Any]:
             f"checkpoint {path} holds no posenc model state; is it a posenc run? {_fallback(path)}"
         )
     return state
+
+
+def step_checkpoints(directory: Path) -> list[Path]:
+    """The ``step_<step>.pt`` weights in ``directory`` (see :func:`save_step`), oldest first."""
+    found = []
+    for path in directory.glob("step_*.pt"):
+        match = re.fullmatch(r"step_(\d+)\.pt", path.name)
+        if match is not None:
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def save_step(payload: dict[str, Any], directory: Path, keep: int) -> Path:
+    """The model weights and training state of ``payload`` (a training checkpoint) as
+    ``directory/step_<step>.pt``, written atomically, for checkpoint averaging; then only the
+    newest ``keep`` of these files are kept. They hold no optimizer state: resume from
+    ``last.pt``. Returns the path written."""
+    path = directory / f"step_{payload['state']['step']}.pt"
+    save_atomic({"model": payload["model"], "state": payload["state"]}, path)
+    for old in step_checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc.runtime.files import read_json, write_json
+from posenc.runtime.sinks import ScalarSink
 from posenc.runtime.tblog import RunLogger
 
 
@@ -49,11 +50,17 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         write_json(self.failure_file, {"error": error, "message": message})
 
-    def logger(self, resume_step: int = 0, resume_seconds: float = 0.0) -> RunLogger:
-        """The run's TensorBoard logger; the first call in this process opens it, keeping the
-        events up to ``resume_step`` and ``resume_seconds`` of training time."""
+    def logger(
+        self,
+        resume_step: int = 0,
+        resume_seconds: float = 0.0,
+        sinks: list[ScalarSink] | None = None,
+    ) -> RunLogger:
+        """The run's TensorBoard logger; the first call in this process opens it (with
+        ``sinks``, see :mod:`posenc.runtime.sinks`), keeping the events up to ``resume_step``
+        and ``resume_seconds`` of training time."""
         if self._logger is None:
-            self._logger = RunLogger(self.tb, resume_step, resume_seconds)
+            self._logger = RunLogger(self.tb, resume_step, resume_seconds, sinks)
         return self._logger
 
     def close(self) -> None:

@@ -14,11 +14,11 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto import event_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 from torch.utils.tensorboard import SummaryWriter
-from torch.utils.tensorboard.summary import hparams
 
 from posenc.runtime.files import replacing
+from posenc.runtime.hparams import session_summaries
+from posenc.runtime.sinks import TIME_PREFIX, ScalarSink, keeps
 
-TIME_PREFIX = "time/"
 RECORD_OVERHEAD = 16  # bytes of a TFRecord around its data: length, its CRC, the data's CRC
 
 
@@ -40,8 +40,7 @@ def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
             read += len(raw) + RECORD_OVERHEAD
             event = event_pb2.Event.FromString(raw)
             tags = [v.tag for v in event.summary.value]
-            limit = max_seconds if tags and tags[0].startswith(TIME_PREFIX) else max_step
-            if tags and event.step > limit:
+            if tags and not keeps(tags[0], event.step, max_step, max_seconds):
                 dropped += 1
                 continue
             kept.append(raw)
@@ -77,9 +76,17 @@ def wait_for_a_later_second(log_dir: Path) -> None:
 
 
 class RunLogger:
-    """The TensorBoard writer of one run directory (``RUN/tb``)."""
+    """The TensorBoard writer of one run directory (``RUN/tb``); every scalar also goes to
+    ``sinks`` (:mod:`posenc.runtime.sinks`: CSV, MLflow), which the logger closes."""
 
-    def __init__(self, log_dir: Path, resume_step: int = 0, resume_seconds: float = 0.0) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        resume_step: int = 0,
+        resume_seconds: float = 0.0,
+        sinks: list[ScalarSink] | None = None,
+    ) -> None:
+        self.sinks = sinks or []
         log_dir.mkdir(parents=True, exist_ok=True)
         truncate_events(log_dir, resume_step, int(resume_seconds))
         wait_for_a_later_second(log_dir)
@@ -91,13 +98,19 @@ class RunLogger:
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Log ``values`` (tag -> value) at training ``step``."""
         for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
+            self.add(tag, value, step)
+
+    def add(self, tag: str, value: float, step: int) -> None:
+        """One scalar, to TensorBoard and every sink."""
+        self.writer.add_scalar(tag, value, step)
+        for sink in self.sinks:
+            sink.add(tag, value, step)
 
     def against_time(self, name: str, value: float, seconds: float) -> None:
         """Log ``time/NAME`` at whole training seconds, at most once per second per name."""
         second = int(seconds)
         if second > self._last_second.get(name, -1):
-            self.writer.add_scalar(TIME_PREFIX + name, value, second)
+            self.add(TIME_PREFIX + name, value, second)
             self._last_second[name] = second
 
     def image(self, tag: str, image, step: int) -> None:
@@ -105,14 +118,19 @@ class RunLogger:
         self.writer.add_image(tag, image, step, dataformats="HWC")
 
     def hparams(self, params: dict, metrics: dict[str, float], step: int) -> None:
-        """The HParams tab entry of this run, written into the run's own event file."""
-        exp, ssi, sei = hparams(params, metrics)
+        """This run's session in the HParams tab, in its own event file: its settings
+        ``params`` (session start and end) and its final ``metrics`` (``hparam/*`` scalars at
+        ``step``). No experiment summary: a sweep's is written at its root
+        (:mod:`posenc.runtime.hparams`). Flushed, so that summary can read this session."""
         file_writer = self.writer._get_file_writer()
-        for summary in (exp, ssi, sei):
+        for summary in session_summaries(params):
             file_writer.add_summary(summary, step)
         for tag, value in metrics.items():
-            self.writer.add_scalar(tag, value, step)
+            self.add(tag, value, step)
+        self.writer.flush()
 
     def close(self) -> None:
         self.writer.flush()
         self.writer.close()
+        for sink in self.sinks:
+            sink.close()

@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
-from posenc.config import TrainerConfig, check_types, paste
+from posenc.config import LoggerConfig, TrainerConfig, check_types, reported_settings
 from posenc.data.batching import TokenBatcher, collate
 from posenc.data.tokenizer import Tokenizer
 from posenc.model.factory import build_model
@@ -39,8 +41,11 @@ from posenc.runtime.device import (
 )
 from posenc.runtime.files import write_json
 from posenc.runtime.rundir import RunDir, as_run_dir
+from posenc.runtime.sinks import open_sinks
 from posenc.runtime.tblog import RunLogger
+from posenc.training.advice import nan_message, sanity_warnings
 from posenc.training.inputs import EncodedData, prepare
+from posenc.training.interrupt import StopRequests, TrainingInterrupted, resume_command
 from posenc.training.losses import token_loss, validation_loss
 from posenc.training.optim import lr_factor, make_optimizer
 from posenc.training.start import (
@@ -51,6 +56,7 @@ from posenc.training.start import (
     find_start,
     rank_seed,
 )
+from posenc.training.steplog import StepWindow, log_line
 
 log = logging.getLogger("posenc.training.loop")
 
@@ -95,11 +101,14 @@ class Training:
     logger: RunLogger | None  # rank 0 only
     progress: tqdm
     world: int
-    window_tokens: int = 0
-    window_seconds: float = 0.0
+    saved_step: int  # the step of the newest checkpoint
+    window: StepWindow = field(default_factory=StepWindow)
 
     def budget_spent(self) -> bool:
-        return self.trainer.budget_spent(self.state.step, self.state.train_seconds)
+        """The step or time budget is spent, or early stopping ended the run."""
+        return self.state.stopped_early or self.trainer.budget_spent(
+            self.state.step, self.state.train_seconds
+        )
 
 
 def train(cfg: DictConfig, run_dir: Path | RunDir, start: Start | None = None) -> dict[str, Any]:
@@ -107,20 +116,55 @@ def train(cfg: DictConfig, run_dir: Path | RunDir, start: Start | None = None) -
     :func:`find_start`'s answer when the caller has it already.
 
     Under torchrun every rank calls this; rank 0 alone writes to ``run_dir``; the caller of a
-    :class:`RunDir` closes its logger."""
+    :class:`RunDir` closes its logger.
+
+    Raises:
+        TrainingInterrupted: SIGINT or SIGTERM arrived; the step in progress was finished and
+            checkpointed (see :mod:`posenc.training.interrupt`).
+    """
     directory = as_run_dir(run_dir)
+    stop = StopRequests()
     try:
-        run = set_up(cfg, directory, start)
-        for group in step_groups(run):
-            if take_step(run, group) and run.state.step % run.trainer.valid_every == 0:
-                validate(run)
-        unvalidated = run.logger is not None and not _validated_at(run.state, run.state.step)
-        if distributed.all_reduce([float(unvalidated)], run.device, "max")[0]:  # rank 0 decides
-            validate(run)
-        return finish(run)
+        with stop.installed(), logging_redirect_tqdm():
+            return _train(cfg, directory, start, stop)
     finally:
         if directory is not run_dir:  # opened here: its logger closes here
             directory.close()
+
+
+def _train(cfg: DictConfig, directory: RunDir, start: Start | None, stop: StopRequests) -> dict:
+    run = set_up(cfg, directory, start)
+    for group in step_groups(run):
+        if take_step(run, group) and run.state.step % run.trainer.valid_every == 0:
+            validate(run)
+        signum = int(distributed.all_reduce([float(stop.signum or 0)], run.device, "max")[0])
+        if signum:  # every rank stops after the same step
+            raise interrupted(run, signum)
+    unvalidated = run.logger is not None and not _validated_at(run.state, run.state.step)
+    if distributed.all_reduce([float(unvalidated)], run.device, "max")[0]:  # rank 0 decides
+        validate(run)
+    return finish(run)
+
+
+def interrupted(run: Training, signum: int) -> TrainingInterrupted:
+    """Checkpoint the steps taken since the last checkpoint (rank 0) and say how to resume."""
+    state = run.state
+    saved = state.step > run.saved_step
+    if saved and run.logger is not None:
+        save(run, best=False)
+    distributed.barrier()
+    where = (
+        f"checkpoint saved to {run.run_dir.last}"
+        if saved
+        else f"no step since the checkpoint {run.run_dir.last}"
+        if state.step
+        else "no step taken, nothing to save"
+    )
+    return TrainingInterrupted(
+        signum,
+        f"interrupted by {signal.Signals(signum).name} at step {state.step}: {where}; "
+        f"resume with: {resume_command()}",
+    )
 
 
 def set_up(cfg: DictConfig, run_dir: RunDir, start: Start | None) -> Training:
@@ -206,10 +250,24 @@ def set_up(cfg: DictConfig, run_dir: RunDir, start: Start | None) -> Training:
         scheduler=scheduler,
         state=state,
         batcher=batcher,
-        logger=run_dir.logger(state.step, state.train_seconds) if main else None,
+        logger=_open_logger(cfg, run_dir, state) if main else None,
         progress=progress,
         world=world,
+        saved_step=state.step,
     )
+
+
+def _open_logger(cfg: DictConfig, run_dir: RunDir, state: TrainState) -> RunLogger:
+    """The run's TensorBoard logger with the sinks ``logger.*`` switches on."""
+    sinks = open_sinks(
+        LoggerConfig.of(cfg.get("logger") or {}),
+        run_dir.path,
+        cfg.name,
+        reported_settings(cfg),
+        state.step,
+        state.train_seconds,
+    )
+    return run_dir.logger(state.step, state.train_seconds, sinks)
 
 
 def step_groups(run: Training) -> Iterator[list[list[int]]]:
@@ -254,28 +312,34 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     local_tokens = sum(int(batch[2].ne(pad_id).sum()) for batch in micro)
     n_tokens = int(distributed.all_reduce([local_tokens], device)[0])
     run.optimizer.zero_grad(set_to_none=True)
-    loss_sum = 0.0
+    loss_sum = nll_sum = 0.0
     for i, batch in enumerate(micro):
         last = i == len(micro) - 1
         with contextlib.nullcontext() if last or run.world == 1 else run.trained.no_sync():
             with torch.autocast(
                 device.type, dtype=run.amp or torch.float32, enabled=run.amp is not None
             ):
-                loss, _, _ = token_loss(run.trained, batch, pad_id, trainer.label_smoothing)
+                loss, nll, _ = token_loss(run.trained, batch, pad_id, trainer.label_smoothing)
             if state.step % trainer.log_every == 0:  # activations are alive: near the peak
                 state.peak_memory_mb = max(state.peak_memory_mb, memory_mb(device))
             (loss * run.world / n_tokens).backward()
         loss_sum += float(loss.detach())
-    step_loss = distributed.all_reduce([loss_sum], device)[0] / n_tokens
+        nll_sum += float(nll.detach())
+    loss_sum, nll_sum = distributed.all_reduce([loss_sum, nll_sum], device)
+    step_loss = loss_sum / n_tokens
     if not math.isfinite(step_loss):
         if trainer.nan_policy != "skip":
-            raise TrainingError(_nan_message(step_loss, state.step + 1, run.run_dir.last))
+            raise TrainingError(nan_message(step_loss, state.step + 1, run.run_dir.last))
         state.skipped_batches += 1
         run.optimizer.zero_grad(set_to_none=True)
         log.warning("step %d: loss is %s; batch skipped", state.step + 1, step_loss)
         return False
-    if trainer.clip_norm:
-        torch.nn.utils.clip_grad_norm_(run.model.parameters(), trainer.clip_norm)
+    reporting = (state.step + 1) % trainer.log_every == 0
+    grad_norm = None
+    if trainer.clip_norm or reporting:  # the norm before clipping; inf clips nothing
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            run.model.parameters(), trainer.clip_norm or math.inf
+        )
     run.optimizer.step()
     run.scheduler.step()
     if device.type == "cuda":
@@ -284,27 +348,25 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     state.step += 1
     state.train_seconds += elapsed
     state.tokens += n_tokens
-    _log_step(run, step_loss, n_tokens, elapsed)
+    run.window.add(loss_sum, nll_sum, n_tokens, elapsed)
+    if run.logger is not None:
+        run.logger.against_time("train_loss", step_loss, state.train_seconds)
+    if reporting:
+        _report(run, None if grad_norm is None else float(grad_norm))
+    run.progress.update(1)
     return True
 
 
-def _log_step(run: Training, step_loss: float, n_tokens: int, elapsed: float) -> None:
-    """Loss against time every step; loss, learning rate and speed every ``log_every`` steps."""
-    state = run.state
-    run.window_tokens += n_tokens
-    run.window_seconds += elapsed
+def _report(run: Training, grad_norm: float | None) -> None:
+    """The window's means to ``train.log``, TensorBoard and the progress bar."""
+    values = run.window.report(run.scheduler.get_last_lr()[0], grad_norm)
+    run.window = StepWindow()
     if run.logger is not None:
-        run.logger.against_time("train_loss", step_loss, state.train_seconds)
-    if state.step % run.trainer.log_every == 0:
-        lr = run.scheduler.get_last_lr()[0]
-        speed = run.window_tokens / max(run.window_seconds, 1e-9)
-        if run.logger is not None:
-            run.logger.scalars(
-                state.step, {"train/loss": step_loss, "train/lr": lr, "train/tokens_per_s": speed}
-            )
-        run.progress.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}")
-        run.window_tokens, run.window_seconds = 0, 0.0
-    run.progress.update(1)
+        run.logger.scalars(run.state.step, values)
+        log.info(log_line(run.state.step, run.trainer.max_steps, values))
+    run.progress.set_postfix(
+        loss=f"{values['train/loss']:.3f}", tok_s=f"{values['train/tokens_per_s']:,.0f}"
+    )
 
 
 def validate(run: Training) -> None:
@@ -323,6 +385,7 @@ def validate(run: Training) -> None:
         )
         best = loss < state.best_valid_loss
         state.best_valid_loss = min(loss, state.best_valid_loss)
+        state.validations_since_best = 0 if best else state.validations_since_best + 1
         state.history.append(
             {"step": state.step, "seconds": state.train_seconds, "valid_loss": loss}
         )
@@ -330,16 +393,47 @@ def validate(run: Training) -> None:
         run.logger.against_time("valid_loss", loss, state.train_seconds)
         run.logger.writer.flush()
         save(run, best)
-        run.progress.write(f"step {state.step}: valid loss {loss:.4f}{' (best)' if best else ''}")
+        log.info(
+            "step %d: valid loss %.4f%s",
+            state.step,
+            loss,
+            " (best)" if best else f" (best {state.best_valid_loss:.4f})",
+        )
+    _stop_early(run)
     distributed.barrier()
 
 
+def _stop_early(run: Training) -> None:
+    """With ``trainer.patience=N``, end training once N validations in a row have not improved
+    on the best validation loss (rank 0 decides; every rank learns it)."""
+    state, patience = run.state, run.trainer.patience
+    worse = float(state.validations_since_best) if run.logger is not None else 0.0
+    worse = distributed.all_reduce([worse], run.device, "max")[0]
+    if patience and worse >= patience and not state.stopped_early:
+        state.stopped_early = True
+        if run.logger is not None:
+            log.info(
+                "early stop at step %d: %d validations without improving on the best "
+                "validation loss %.4f (trainer.patience=%d)",
+                state.step,
+                patience,
+                state.best_valid_loss,
+                patience,
+            )
+
+
 def save(run: Training, best: bool) -> None:
-    """``last.pt`` (the one before kept as ``previous.pt``), and ``best.pt`` when ``best``."""
+    """``last.pt`` (the one before kept as ``previous.pt``), and ``best.pt`` when ``best``;
+    with ``eval.average_last=N`` > 1 and a validated step also the weights as
+    ``step_<step>.pt``, the newest N kept (evaluation averages them)."""
+    run.saved_step = run.state.step
     payload = checkpoint_payload(run.model, run.optimizer, run.scheduler, run.state, run.cfg)
     checkpoint.save_atomic(payload, run.run_dir.last, keep_previous=True)
     if best:
         checkpoint.save_atomic(payload, run.run_dir.best)
+    keep = run.cfg.eval.get("average_last", 1)
+    if keep > 1 and _validated_at(run.state, run.state.step):
+        checkpoint.save_step(payload, run.run_dir.checkpoints, keep)
 
 
 def finish(run: Training) -> dict[str, Any]:
@@ -357,6 +451,8 @@ def finish(run: Training) -> dict[str, Any]:
         "best_valid_loss": state.best_valid_loss,
         "final_valid_loss": state.history[-1]["valid_loss"] if state.history else None,
         "skipped_batches": state.skipped_batches,
+        "stopped_early": state.stopped_early,
+        "validations_since_best": state.validations_since_best,
         "parameters": count_parameters(run.model),
         "peak_memory_mb": round(state.peak_memory_mb, 1),
         "device": str(run.device),
@@ -375,36 +471,3 @@ def finish(run: Training) -> dict[str, Any]:
 
 def _validated_at(state: TrainState, step: int) -> bool:
     return bool(state.history) and state.history[-1]["step"] == step
-
-
-def _nan_message(step_loss: float, step: int, last: Path) -> str:
-    """What to do when the loss of optimizer step ``step`` is not finite."""
-    if last.exists():
-        return (
-            f"loss became {step_loss} at step {step}; lower trainer.lr or set "
-            f"trainer.nan_policy=skip, with {paste('trainer.resume', last)} to go on from the "
-            "last good checkpoint"
-        )
-    return (
-        f"loss became {step_loss} at step {step}, before any checkpoint; lower trainer.lr or "
-        "set trainer.nan_policy=skip"
-    )
-
-
-def sanity_warnings(state: TrainState, trainer: TrainerConfig) -> list[str]:
-    """What makes a finished run's curves or scores hard to read: training that ended inside
-    the warmup (the learning rate never reached ``trainer.lr``) or a single validation point."""
-    warnings = []
-    if state.step <= trainer.warmup_steps:
-        peak = trainer.lr * state.step / max(trainer.warmup_steps, 1)
-        warnings.append(
-            f"training ended at step {state.step}, inside the {trainer.warmup_steps}-step warmup: "
-            f"the learning rate peaked at {peak:.2g}, never trainer.lr={trainer.lr:g}; lower "
-            "trainer.warmup_steps or raise the budget"
-        )
-    if len(state.history) < 2:
-        warnings.append(
-            f"only {len(state.history)} validation point(s): no learning curve to compare; lower "
-            f"trainer.valid_every (now {trainer.valid_every}) or raise the budget"
-        )
-    return warnings

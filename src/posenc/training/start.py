@@ -132,6 +132,8 @@ class TrainState:
     skipped_batches: int = 0
     peak_memory_mb: float = 0.0
     finished: bool = False
+    validations_since_best: int = 0  # validations in a row that did not improve on the best
+    stopped_early: bool = False  # trainer.patience ended the run
     world_size: int = 1  # processes that trained together (batch_in_epoch counts one's batches)
     history: list[dict[str, float]] = field(default_factory=list)
 
@@ -166,6 +168,14 @@ def begin(
     if state.world_size != world:  # resumed with another number of processes: same place
         state.batch_in_epoch = state.batch_in_epoch * state.world_size // world
         state.world_size = world
-    if state.finished and not trainer.budget_spent(state.step, state.train_seconds):
+    if state.stopped_early and not (
+        trainer.patience and state.validations_since_best >= trainer.patience
+    ):
+        state.stopped_early = False  # trainer.patience was raised or switched off: go on
+    if (
+        state.finished
+        and not state.stopped_early
+        and not trainer.budget_spent(state.step, state.train_seconds)
+    ):
         state.finished = False  # the budget was raised: go on
     return state

@@ -11,6 +11,8 @@ NAME`` from its standalone evaluation ``RUN/evals/NAME/`` (see :mod:`posenc.eval
   learning curves, scores, significance, length buckets, cost and attention maps, every split of
   the metrics (the focus split ``--split`` first);
 - ``*.png``: the figures the report shows;
+- ``SWEEP_DIR/hparams-HASH/``: the sweep's TensorBoard experiment summary, rewritten (see
+  :mod:`posenc.runtime.hparams`);
 - ``report.csv``: every number of the tables, long format ``section,split,encoding,run,metric,
   value`` (``run`` is empty for a mean over seeds).
 
@@ -18,8 +20,9 @@ Runs are grouped by encoding (``pe.name``, plus any other training setting that 
 the runs, run-control settings such as the seed aside: ``posenc.config.RUN_CONTROL_KEYS``). A
 failed run (``failed.json``) or an unfinished one (no ``metrics.json`` yet) is listed with its
 status, never dropped, and its curves so far are plotted. The shared setup is read from the runs'
-own configs, one line per config group; the training length limits drawn on the length-bucket
-figure are the keys of ``posenc.config.LENGTH_LIMITS`` the configs set; cost ratios are measured
+own configs, one line per config group; the training length limits named on the length-bucket
+figure are the keys of ``posenc.config.LENGTH_LIMITS`` the configs set (drawn when they count
+tokens, converted to the axis' tokens incl. EOS); cost ratios are measured
 against the runs' ``reference_pe`` (``configs/train.yaml``) or ``--reference NAME``.
 
 Significance is sacreBLEU's own paired bootstrap resampling (``sacrebleu.significance.
@@ -31,7 +34,8 @@ often, so every seed counts and the pairs stay aligned.
 Modules, each with one job (import from them directly):
 
 - :mod:`.runs`: reading run directories into :class:`~.runs.Run` objects and grouping them;
-- :mod:`.stats`: the numbers (means over seeds, paired bootstrap, buckets, cost, curves);
+- :mod:`.stats`: the numbers (means over seeds, paired bootstrap, buckets and limits, cost);
+- :mod:`.curves`: learning curves over seeds (a mean only where every seed has data);
 - :mod:`.render`: the markdown/CSV writer, number formatting and figure helpers;
 - :mod:`.figures`: the report's figures;
 - :mod:`.sections_by_encoding`: sections 1, 2, 6 and 7 (runs, curves, cost, attention);

@@ -13,6 +13,7 @@ from posenc.analysis.report.render import Table, Writer, palette
 from posenc.analysis.report.runs import (
     ReportError,
     find_run_dirs,
+    first_line,
     group_runs,
     load_run,
     reference_of,
@@ -27,6 +28,7 @@ from posenc.analysis.report.sections_by_encoding import (
 )
 from posenc.analysis.report.sections_by_split import split_sections
 from posenc.analysis.report.stats import system_order
+from posenc.runtime.hparams import write_sweep_experiment
 
 
 @dataclass
@@ -37,6 +39,23 @@ class Report:
     path: Path
     reading: str
     scores: Table | None
+
+
+def refresh_hparams(sweep: Path) -> str:
+    """Rewrite the sweep's TensorBoard experiment summary from every run's session under it
+    (:func:`posenc.runtime.hparams.write_sweep_experiment`): the HParams tab then compares the
+    runs even where no job wrote it (runs trained outside a multirun, copied together, or a job
+    killed before it); returns the report's sentence about it."""
+    try:
+        written = write_sweep_experiment(sweep)
+    except OSError as err:
+        return f"TensorBoard's HParams summary could not be written: {first_line(err)}."
+    if written is None:
+        return "No run has an HParams session for TensorBoard yet (runs log one when evaluated)."
+    return (
+        f"TensorBoard: `tensorboard --logdir {sweep}`; its HParams tab compares every evaluated "
+        f"run (the sweep's experiment summary is `{written.name}/`)."
+    )
 
 
 def build_report(
@@ -74,18 +93,18 @@ def build_report(
     systems = {split: split_entries(groups, split) for split in splits}
     order = system_order(systems[focus]) if splits else []
     groups.sort(key=lambda g: (order.index(g.label) if g.label in order else len(order), g.label))
-    colours = palette([g.label for g in groups] + [s for per in systems.values() for s in per])
+    styles = palette([g.label for g in groups] + [s for per in systems.values() for s in per])
 
     w = Writer(out)
     w.heading(f"Sweep report: {sweep.name}", 1)
     w.text(
         f"Sweep `{sweep}`; focus split `{focus}`; splits: {', '.join(splits) or 'none yet'}. "
-        "Every number of the tables is also in `report.csv`."
+        "Every number of the tables is also in `report.csv`. " + refresh_hparams(sweep)
     )
     top = len(w.lines)
     section_runs(w, runs, groups, focus)
-    section_curves(w, groups, colours)
-    scores = split_sections(w, splits, systems, runs, samples, colours)
+    section_curves(w, groups, styles)
+    scores = split_sections(w, splits, systems, runs, samples, styles)
     section_cost(w, groups, focus, reference)
     section_attention(w, groups)
     summary = reading(w.rows, splits)

@@ -1,5 +1,6 @@
-"""The report's figures: validation loss curves, scores per system, scores per length bucket
-(with the training length limits), and attention maps drawn from ``attention.npz``."""
+"""The report's figures: learning curves, scores per system, scores per length bucket (with the
+training length limits) and attention maps drawn from ``attention.npz``. Each function saves its
+figure through the :class:`~.render.Writer` and returns it, so the data drawn can be checked."""
 
 from __future__ import annotations
 
@@ -9,81 +10,147 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.figure import Figure
 
-from posenc.analysis.report.render import Writer, new_figure, slug
-from posenc.analysis.report.runs import Entry, Group
+from posenc.analysis.report.curves import aggregate_curves, tails, trailing_mean
+from posenc.analysis.report.render import GREY, Writer, new_figure, outside_legend, slug
+from posenc.analysis.report.runs import Curve, Entry, Group
 from posenc.analysis.report.stats import (
-    aggregate_curves,
+    BAR_SCORES,
+    bar_values,
     bucket_position,
-    common_grid,
-    finite,
+    error_bar,
+    limit_on_axis,
     system_order,
 )
 
+#: the panels of a learning-curve figure: (curve key prefix, y label)
+CURVE_PANELS = (
+    ("", "validation loss (token NLL)"),
+    ("train_", "training loss (objective, trailing mean)"),
+)
+#: the line styles of the length limits, in the order the configs name them
+LIMIT_STYLES = ("--", ":", "-.", (0, (5, 1)), (0, (1, 3)))
 
-def plot_curves(
-    w: Writer, groups: Sequence[Group], kind: str, colours: dict[str, Any], xlabel: str
-) -> None:
-    """``valid_loss_vs_KIND.png`` (``kind``: ``steps`` or ``time``): one line per encoding (mean
-    over seeds), min–max band."""
-    fig, (ax,) = new_figure(7.5, 4.5)
-    for group in groups:
-        curves = [r.curves[kind] for r in group.runs if kind in r.curves]
-        if not curves:
-            continue
-        agg = aggregate_curves(curves, common_grid(curves))
-        colour = colours[group.label]
+
+# ---------------------------------------------------------------- learning curves
+
+
+def _draw_group(ax: Any, label: str, curves: Sequence[Curve], style: dict[str, Any]) -> None:
+    """One encoding on ``ax``: the mean over its seeds where all have data, the min–max band
+    there (several seeds), and thin lines for what a seed logged outside that range."""
+    agg = aggregate_curves(curves)
+    points = len(agg["x"])
+    legend = f"{label} (n={len(curves)})"
+    if points:
         ax.plot(
             agg["x"],
             agg["mean"],
-            color=colour,
-            marker="." if len(agg["x"]) < 30 else None,
-            label=f"{group.label} (n={len(curves)})",
+            color=style["color"],
+            linestyle=style["linestyle"],
+            marker=style["marker"],
+            markevery=None if points < 30 else max(1, points // 8),
+            markersize=4,
+            label=legend,
         )
         if len(curves) > 1:
-            ax.fill_between(agg["x"], agg["min"], agg["max"], color=colour, alpha=0.2, lw=0)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("validation loss (token NLL)")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=7, ncol=2)
-    w.figure(fig, f"valid_loss_vs_{kind}.png", f"validation loss vs {kind}")
+            ax.fill_between(
+                agg["x"], agg["min"], agg["max"], color=style["color"], alpha=0.15, lw=0
+            )
+    for i, (x, y) in enumerate(tails(curves)):
+        ax.plot(
+            x,
+            y,
+            color=style["color"],
+            linestyle=style["linestyle"],
+            lw=1.0,
+            alpha=0.6,
+            label=legend if not points and i == 0 else None,
+        )
+
+
+def plot_curves(
+    w: Writer, groups: Sequence[Group], kind: str, styles: dict[str, Any], xlabel: str
+) -> Figure:
+    """``valid_loss_vs_KIND.png`` (``kind``: ``steps`` or ``time``): the validation loss (left)
+    and the training loss (right) of each encoding against ``kind`` (see :func:`_draw_group`).
+    The training loss is each run's trailing mean, so a run that validated once still shows
+    how it learned."""
+    fig, axes = new_figure(12, 4.5, 2)
+    for ax, (prefix, ylabel) in zip(axes, CURVE_PANELS, strict=True):
+        key = prefix + kind
+        for group in groups:
+            curves = [r.curves[key] for r in group.runs if key in r.curves]
+            if prefix:
+                curves = [trailing_mean(c) for c in curves]
+            if curves:
+                _draw_group(ax, group.label, curves, styles.get(group.label, GREY))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "nothing logged", transform=ax.transAxes, ha="center")
+    outside_legend(fig, max(axes, key=lambda ax: len(ax.get_legend_handles_labels()[1])))
+    w.figure(fig, f"valid_loss_vs_{kind}.png", f"validation and training loss vs {kind}")
+    return fig
+
+
+# ---------------------------------------------------------------- scores
 
 
 def plot_scores(
-    w: Writer, split: str, systems: dict[str, list[Entry]], colours: dict[str, Any]
-) -> None:
-    """``scores_SPLIT.png``: BLEU, chrF and BERTScore F1 (x100) per system, bars = mean,
-    error bars = std over seeds, dots = seeds."""
+    w: Writer,
+    split: str,
+    systems: dict[str, list[Entry]],
+    styles: dict[str, Any],
+    limits: dict[str, tuple[float, float]],
+) -> Figure:
+    """``scores_SPLIT.png``: BLEU, chrF and BERTScore F1 x100 per system (:data:`BAR_SCORES`),
+    bars = mean, error bars = sample std over seeds (none for one seed), dots = seeds. Each
+    score's y range is ``limits[metric]``, the same on every split."""
     order = system_order(systems)
-    metrics = [
-        ("bleu", "BLEU", 1.0),
-        ("chrf", "chrF", 1.0),
-        ("bertscore_f1", "BERTScore F1 x100", 100.0),
-    ]
-    metrics = [
-        m for m in metrics if any(finite(e.scores.get(m[0]) for e in systems[s]) for s in order)
-    ]
-    fig, axes = new_figure(3.2 * max(len(metrics), 1) + 1, 4.0, max(len(metrics), 1))
-    for ax, (metric, label, scale) in zip(axes, metrics, strict=False):
+    metrics = [m for m in BAR_SCORES if any(bar_values(systems[s], m[0], 1.0) for s in order)]
+    panels = max(len(metrics), 1)
+    fig, axes = new_figure(3.2 * panels + 1, 4.0, panels)
+    for ax, (metric, label, _, scale) in zip(axes, metrics, strict=False):
         for i, name in enumerate(order):
-            values = [v * scale for v in finite(e.scores.get(metric) for e in systems[name])]
+            values = bar_values(systems[name], metric, scale)
             if not values:
                 continue
-            std = statistics.stdev(values) if len(values) > 1 else 0.0
             ax.bar(
                 i,
                 statistics.fmean(values),
-                yerr=std,
-                color=colours.get(name, "grey"),
+                yerr=error_bar(values),
+                color=styles.get(name, GREY)["color"],
                 capsize=3,
                 alpha=0.85,
             )
             ax.plot([i] * len(values), values, "k.", markersize=4)
         ax.set_xticks(range(len(order)), order, rotation=60, ha="right", fontsize=7)
         ax.set_title(label, fontsize=9)
+        ax.set_ylim(*limits.get(metric, (0.0, None)))
         ax.grid(axis="y", alpha=0.3)
     w.figure(fig, f"scores_{slug(split)}.png", f"scores on {split}")
+    return fig
+
+
+# ---------------------------------------------------------------- length buckets
+
+
+def limit_lines(
+    limits: Sequence[tuple[str, float, str]], edges: Sequence[tuple[int, int]]
+) -> list[tuple[str, float]]:
+    """The length limits drawn on the bucket axis: ``(legend label, position)`` for each limit
+    whose unit converts to tokens (:func:`~.stats.limit_on_axis`) and that falls inside the
+    buckets; the line separates the longest trained source from the next."""
+    lines = []
+    for key, value, unit in limits:
+        first = limit_on_axis(value, unit)
+        position = None if first is None else bucket_position(first, edges)
+        if position is not None:
+            label = f"{key}={value:g}\n({unit}: trained sources ≤ {first - 1:g} incl. EOS)"
+            lines.append((label, position))
+    return lines
 
 
 def plot_buckets(
@@ -92,54 +159,57 @@ def plot_buckets(
     edges: list[tuple[int, int]],
     values: dict[str, dict[str, list]],
     limits: list[tuple[str, float, str]],
-    colours: dict[str, Any],
-) -> None:
+    styles: dict[str, Any],
+) -> Figure:
     """``buckets_SPLIT.png``: BLEU and loss by source-length bucket (``values``: per system
-    ``{"bleu": [...], "loss": [...]}`` aligned with ``edges``), one line per system, the
-    training length limits ``(key, value, unit)`` as vertical lines."""
-    fig, axes = new_figure(11, 4.2, 2)
+    ``{"bleu": [...], "loss": [...]}`` aligned with ``edges``), one line per system in its own
+    colour, marker and line style, the legend outside; the training length limits
+    ``(key, value, unit)`` that convert to the axis' tokens as black vertical lines
+    (:func:`limit_lines`)."""
+    fig, axes = new_figure(13, 4.4, 2)
     x = np.arange(len(edges))
-    styles = iter(["--", ":", "-.", (0, (5, 1)), (0, (1, 3))])
     for ax, metric in zip(axes, ("bleu", "loss"), strict=True):
         for name, per in values.items():
             y = np.array([np.nan if v is None else v for v in per[metric]], dtype=float)
-            ax.plot(x, y, marker="o", color=colours.get(name, "grey"), label=name)
+            ax.plot(x, y, markersize=5, lw=1.3, label=name, **styles.get(name, GREY))
         ax.set_xticks(x, [f"{lo}–{hi - 1}" for lo, hi in edges], rotation=45, fontsize=7)
         ax.set_xlabel("source length (tokens incl. EOS)")
         ax.set_ylabel("BLEU" if metric == "bleu" else "loss (token NLL)")
         ax.grid(alpha=0.3)
-    for key, value, unit in limits:
-        position = bucket_position(value, edges)
-        if position is not None:
-            style = next(styles, "--")
-            for ax in axes:
-                ax.axvline(
-                    position,
-                    color="black",
-                    ls=style,
-                    lw=1,
-                    label=f"{key}={value:g} ({unit})" if ax is axes[0] else None,
-                )
-    axes[0].legend(fontsize=7)
+    for (label, position), style in zip(limit_lines(limits, edges), LIMIT_STYLES, strict=False):
+        for ax in axes:
+            ax.axvline(
+                position, color="black", ls=style, lw=1, label=label if ax is axes[0] else None
+            )
+    outside_legend(fig, axes[0])
     w.figure(fig, f"buckets_{slug(split)}.png", f"BLEU and loss by source length on {split}")
+    return fig
+
+
+# ---------------------------------------------------------------- attention maps
 
 
 def render_attention(npz: Path, title: str, target: Path) -> None:
-    """Draw the arrays of an ``attention.npz`` (``(H, Lq, Lk)`` per site; leading axes beyond
-    three take their first element, a 2-D map is one head) as the PNG ``target``.
+    """Draw an ``attention.npz`` as the PNG ``target``: its maps (``(H, Lq, Lk)`` per site;
+    leading axes beyond three take their first element, a 2-D map is one head) with the
+    tokens it holds on the axes (positions when it holds none) and a colour bar per site.
 
     Raises:
-        ValueError: the file holds no arrays, or one that is not 2-D or more.
+        ValueError: the file holds no maps, or one that is not 2-D or more.
     """
-    from posenc.evaluation.attention_maps import plot_attention
+    from posenc.evaluation.attention_maps import TOKEN_KEYS, plot_attention
 
     with np.load(npz) as data:
         maps = {}
         for key in data.files:
+            if key in TOKEN_KEYS:
+                maps[key] = np.asarray(data[key]).astype(str)
+                continue
             array = np.asarray(data[key], dtype=float)
             while array.ndim > 3:
                 array = array[0]
             maps[key] = array.reshape((1, *array.shape)) if array.ndim == 2 else array
-    if not maps or any(a.ndim != 3 for a in maps.values()):
+    sites = [a for k, a in maps.items() if k not in TOKEN_KEYS]
+    if not sites or any(a.ndim != 3 for a in sites):
         raise ValueError("expected arrays (H, Lq, Lk)")
     plot_attention(maps, title, target)

@@ -146,8 +146,41 @@ def new_figure(width: float, height: float, panels: int = 1) -> tuple[Figure, li
     return fig, list(axes)
 
 
-def palette(names: Iterable[str]) -> dict[str, Any]:
-    """A fixed colour (an RGBA tuple) per name (sorted), shared by every figure."""
+#: distinct colours: matplotlib's tab10, then five darker hues (no pale twins, no black: the
+#: length limits are black)
+COLOURS = (
+    *[colormaps["tab10"](i) for i in range(10)],
+    "#393b79",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+    "#637939",
+)
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+LINE_STYLES = ("-", "--", "-.", ":")
+
+
+def palette(names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """A fixed style per name (sorted), shared by every figure: ``{"color", "marker",
+    "linestyle"}`` keyword arguments of ``Axes.plot``. Colours, markers and line styles cycle
+    with different periods (15, 12, 4), so no two of the first 60 names look the same."""
     ordered = sorted(set(names))
-    cmap = colormaps["tab10" if len(ordered) <= 10 else "tab20"]
-    return {name: cmap(i % cmap.N) for i, name in enumerate(ordered)}
+    return {
+        name: {
+            "color": COLOURS[i % len(COLOURS)],
+            "marker": MARKERS[i % len(MARKERS)],
+            "linestyle": LINE_STYLES[i % len(LINE_STYLES)],
+        }
+        for i, name in enumerate(ordered)
+    }
+
+
+#: the style of a name missing from the palette
+GREY = {"color": "grey", "marker": ".", "linestyle": "-"}
+
+
+def outside_legend(fig: Figure, ax: Any, title: str | None = None) -> None:
+    """The legend of ``ax``'s labelled lines to the right of the figure, outside the axes."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside right upper", fontsize=7, title=title)

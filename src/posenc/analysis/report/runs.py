@@ -17,10 +17,16 @@ from posenc.config import RUN_CONTROL_KEYS, flatten, reference_encoding
 from posenc.runtime.files import read_json
 
 DONE, FAILED, UNFINISHED = "done", "failed", "unfinished"
-#: the TensorBoard tags of the validation loss, by what it is plotted against
-CURVE_TAGS = {"steps": "valid/loss", "time": "time/valid_loss"}
+#: the TensorBoard tags of the learning curves: the validation loss against steps and against
+#: training seconds, and the training loss (the objective, label smoothing included) likewise
+CURVE_TAGS = {
+    "steps": "valid/loss",
+    "time": "time/valid_loss",
+    "train_steps": "train/loss",
+    "train_time": "time/train_loss",
+}
 
-#: a curve: x values (steps or seconds, increasing) and the validation losses there
+#: a curve: x values (steps or seconds, increasing) and the losses there
 Curve = tuple[np.ndarray, np.ndarray]
 
 
@@ -104,9 +110,9 @@ def first_line(err: BaseException) -> str:
 
 
 def read_curves(tb_dir: Path) -> dict[str, Curve]:
-    """Validation loss against steps and against training seconds from TensorBoard events
-    (``{"steps": (x, y), "time": (x, y)}``, the tags that exist; the last value of a step wins);
-    ``{}`` without events or when they cannot be read."""
+    """The learning curves of :data:`CURVE_TAGS` from TensorBoard events (``{"steps": (x, y),
+    "time": (x, y), "train_steps": ..., "train_time": ...}``, the tags that exist; the last
+    value of a step wins); ``{}`` without events or when they cannot be read."""
     if not tb_dir.is_dir():
         return {}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

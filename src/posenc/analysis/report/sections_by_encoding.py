@@ -144,17 +144,21 @@ def differing_lines(w: Writer, runs: Sequence[Run], groups: Sequence[Group]) -> 
 # ---------------------------------------------------------------- 2. learning curves
 
 
-def section_curves(w: Writer, groups: Sequence[Group], colours: dict[str, Any]) -> None:
-    """Validation loss against steps and against training time, and a summary table."""
+def section_curves(w: Writer, groups: Sequence[Group], styles: dict[str, Any]) -> None:
+    """Validation and training loss against steps and against training time, and a summary
+    table."""
     w.heading(SECTIONS[1])
     w.text(
-        "Validation loss (token-level NLL, no label smoothing) from each run's TensorBoard "
-        "events, unfinished runs included. Lines: mean over seeds after linear interpolation "
-        "onto a common grid (each seed only inside its own range); band: min–max over seeds. "
-        "Time is training time in whole seconds, evaluation excluded."
+        "Left: validation loss (token-level NLL, no label smoothing); right: training loss "
+        "(the objective, label smoothing included, each run's trailing mean over 5% of its "
+        "points), from each run's TensorBoard events, unfinished runs included. Thick line: "
+        "mean over seeds (n), linearly interpolated, drawn only where every seed has data, so "
+        "it ends where the shortest seed ends; band: min–max over seeds there; thin lines: what "
+        "a seed logged beyond that range. Time is training time in whole seconds, evaluation "
+        "excluded."
     )
-    plot_curves(w, groups, "steps", colours, "training step")
-    plot_curves(w, groups, "time", colours, "training time (s)")
+    plot_curves(w, groups, "steps", styles, "training step")
+    plot_curves(w, groups, "time", styles, "training time (s)")
     rows = []
     for group in groups:
         curves = [r.curves["steps"] for r in group.runs if "steps" in r.curves]
@@ -228,17 +232,24 @@ def section_cost(w: Writer, groups: Sequence[Group], focus: str, reference: str)
 
 
 def section_attention(w: Writer, groups: Sequence[Group]) -> None:
-    """One example attention map per encoding (``attention.png``, else drawn from
-    ``attention.npz``) from its lowest-seed run that has one; the encodings without one are
-    named."""
+    """One example attention map per encoding from its lowest-seed run that has one: drawn
+    from ``attention.npz`` (tokens on the axes, a colour bar per site), else the run's own
+    ``attention.png``; the encodings without one are named."""
     w.heading(SECTIONS[6])
+    w.text(
+        "Layer-0 attention weights on the first sentence pair of the run's first evaluation "
+        "split: encoder self-attention, decoder self-attention and cross-attention in rows, "
+        "heads in columns; queries down, keys across, labelled with the tokens the model saw "
+        "(every k-th past 40); the colour bar of each row runs from 0 to that site's 99th "
+        "percentile. Runs evaluated before the maps held their tokens show positions instead."
+    )
     missing = []
     for group in groups:
         run = next(
             (
                 r
                 for r in group.runs
-                if (r.results / "attention.png").exists() or (r.results / "attention.npz").exists()
+                if (r.results / "attention.npz").exists() or (r.results / "attention.png").exists()
             ),
             None,
         )
@@ -247,12 +258,12 @@ def section_attention(w: Writer, groups: Sequence[Group]) -> None:
             continue
         target = w.out / f"attention_{slug(group.label)}.png"
         try:
-            if (run.results / "attention.png").exists():
-                shutil.copyfile(run.results / "attention.png", target)
-            else:
+            if (run.results / "attention.npz").exists():
                 render_attention(
                     run.results / "attention.npz", f"{group.label}: {run.name}", target
                 )
+            else:
+                shutil.copyfile(run.results / "attention.png", target)
         except Exception as err:  # one unreadable file must not stop the report
             w.text(
                 f"**{group.label}**: attention map of `{run.name}` unreadable ({first_line(err)})."

@@ -11,22 +11,21 @@ from posenc.analysis.report.figures import plot_buckets, plot_scores
 from posenc.analysis.report.render import SECTIONS, Table, Writer, fmt, fmt_stats, record_stats
 from posenc.analysis.report.runs import FAILED, Entry, Run
 from posenc.analysis.report.stats import (
+    SCORES,
     bucket_values,
     length_limits,
+    limit_on_axis,
     mean_std,
     p_value,
+    score_limits,
+    seed_list,
     seed_texts,
     significance_rows,
     system_order,
 )
 
-#: the score columns: (metric in metrics.json, column label, decimals)
-SCORE_METRICS = (
-    ("bleu", "BLEU", 2),
-    ("chrf", "chrF", 2),
-    ("bertscore_f1", "BERTScore F1", 4),
-    ("loss", "loss", 4),
-)
+#: what the ``seeds`` column of the score and significance tables means (both captions say it)
+SEEDS_COLUMN = "`seeds`: the training seeds of the runs a row is computed from"
 
 
 def split_sections(
@@ -35,7 +34,7 @@ def split_sections(
     systems: dict[str, dict[str, list[Entry]]],
     runs: Sequence[Run],
     samples: int,
-    colours: dict[str, Any],
+    styles: dict[str, Any],
 ) -> Table | None:
     """Sections 3–5 (scores, significance, length buckets), one subsection per split of
     ``splits`` (``systems``: split -> system -> entries). Returns the score table of the first
@@ -47,10 +46,14 @@ def split_sections(
         return None
     w.heading(SECTIONS[2])
     w.text(
-        "Mean ± sample standard deviation over seeds (no ± for one seed); BLEU and chrF are "
-        "detokenised sacreBLEU; loss is the token-level NLL of the references."
+        "Mean ± sample standard deviation over seeds (no ± and no error bar for one seed); "
+        f"{SEEDS_COLUMN}. BLEU and chrF are detokenised sacreBLEU; BERTScore F1 is shown ×100 "
+        "(0–100, like BLEU and chrF) in the tables and figures (`report.csv` and `metrics.json` "
+        "keep its 0–1 value); loss is the token-level NLL of the references. Each score's "
+        "figure has the same y range on every split."
     )
-    tables = [section_scores(w, split, systems[split], colours) for split in splits]
+    ranges = score_limits(systems[split] for split in splits)
+    tables = [section_scores(w, split, systems[split], styles, ranges) for split in splits]
     w.heading(SECTIONS[3])
     w.text(
         f"sacreBLEU's paired bootstrap resampling (`sacrebleu.significance.PairedTest`, "
@@ -58,46 +61,73 @@ def split_sections(
         "set) of each system against the best one by mean BLEU. With several seeds the "
         "hypotheses of the seeds both systems have are concatenated in seed order against "
         "the references repeated as often; the baseline's own row uses all its seeds. "
+        f"{SEEDS_COLUMN}, as in the score tables: here the seeds compared (those this system "
+        "shares with the baseline), so a row can list fewer seeds than its score row. "
         "p is the chance of a difference at least as large under the null hypothesis."
     )
     for split in splits:
         section_significance(w, split, systems[split], samples)
     w.heading(SECTIONS[4])
     limits = length_limits([r for r in runs if r.status != FAILED])
-    w.text(
-        "Training length limits in the configs: "
-        + (", ".join(f"`{k}` = {v:g} {u}" for k, v, u in limits) or "none found")
-        + " (vertical lines where they fall inside the plotted buckets)."
-    )
+    w.text(*limit_notes(limits))
     for split in splits:
-        section_buckets(w, split, systems[split], limits, colours)
+        section_buckets(w, split, systems[split], limits, styles)
     return tables[0]
+
+
+def limit_notes(limits: Sequence[tuple[str, float, str]]) -> list[str]:
+    """The training length limits of the configs, each in its own unit and, where it converts,
+    in the buckets' unit (tokens incl. EOS); the others are said not to be drawn."""
+    if not limits:
+        return ["Training length limits in the configs: none found."]
+    items = []
+    for key, value, unit in limits:
+        first = limit_on_axis(value, unit)
+        items.append(
+            f"`{key}` = {value:g} {unit}"
+            + (
+                f" (trained sources ≤ {first - 1:g} tokens incl. EOS: drawn)"
+                if first is not None
+                else f" (not drawn: counted in {unit}, the axis in tokens)"
+            )
+        )
+    return [
+        "Training length limits in the configs: " + ", ".join(items) + ". The x axis is the "
+        "source length in tokens, EOS included; a limit is drawn as a vertical line between the "
+        "longest source it lets into training and the next, where that falls inside the buckets."
+    ]
 
 
 # ---------------------------------------------------------------- 3. scores
 
 
 def section_scores(
-    w: Writer, split: str, systems: dict[str, list[Entry]], colours: dict[str, Any]
+    w: Writer,
+    split: str,
+    systems: dict[str, list[Entry]],
+    styles: dict[str, Any],
+    limits: dict[str, tuple[float, float]],
 ) -> Table:
-    """BLEU, chrF, BERTScore F1 and loss per system (mean ± std over seeds), a bar chart, and
-    the metric signatures. Returns the score table as written."""
+    """BLEU, chrF, BERTScore F1 (x100) and loss per system (mean ± std over seeds; the CSV keeps
+    the values of ``metrics.json``), a bar chart with the y ranges ``limits``, and the metric
+    signatures. Returns the score table as written."""
     w.heading(f"{split}", 3)
     rows = []
     for name in system_order(systems):
         entries = systems[name]
-        cells = [name, len(entries), fmt(entries[0].scores.get("sentences"))]
-        for metric, _, digits in SCORE_METRICS:
+        cells = [name, seed_list(entries), fmt(entries[0].scores.get("sentences"))]
+        for metric, _, digits, scale in SCORES:
             for entry in entries:
                 w.record("scores", split, name, entry.run.name, metric, entry.scores.get(metric))
             stats = mean_std(e.scores.get(metric) for e in entries)
             record_stats(w, "scores", split, name, metric, stats)
-            cells.append(fmt_stats(stats, digits))
+            shown = None if stats is None else (stats[0] * scale, stats[1] * scale, stats[2])
+            cells.append(fmt_stats(shown, digits))
         rows.append(cells)
-    header = ["system", "seeds", "sentences", *[label for _, label, _ in SCORE_METRICS]]
+    header = ["system", "seeds", "sentences", *[label for _, label, _, _ in SCORES]]
     table = w.table(header, rows)
     signature_lines(w, systems)
-    plot_scores(w, split, systems, colours)
+    plot_scores(w, split, systems, styles, limits)
     return table
 
 
@@ -183,7 +213,7 @@ def section_buckets(
     split: str,
     systems: dict[str, list[Entry]],
     limits: list[tuple[str, float, str]],
-    colours: dict[str, Any],
+    styles: dict[str, Any],
 ) -> None:
     """BLEU and loss per source-length bucket (mean over seeds; the buckets from the first to
     the last with sentences), two tables and a figure with the length ``limits``."""
@@ -212,4 +242,4 @@ def section_buckets(
                 w.record("buckets", split, name, "", f"{metric}[{lo},{hi})", value)
             rows.append([name, *[fmt(v, digits) for v in row]])
         w.table(header, rows)
-    plot_buckets(w, split, edges, values, limits, colours)
+    plot_buckets(w, split, edges, values, limits, styles)

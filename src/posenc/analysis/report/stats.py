@@ -1,6 +1,6 @@
 """The report's numbers: means over seeds, the ranking of systems, sacreBLEU's paired bootstrap,
-length buckets and limits, cost, and learning curves averaged over seeds. Numbers only: no
-markdown, no figures."""
+length buckets and limits, and cost (learning curves: :mod:`.curves`). Numbers only: no markdown,
+no figures."""
 
 from __future__ import annotations
 
@@ -11,18 +11,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from posenc.analysis.report.runs import Curve, Entry, Group, Run
+from posenc.analysis.report.runs import Entry, Group, Run
 from posenc.config import LENGTH_LIMITS
 
 #: the note of a system whose output equals the baseline's (its p-value is 1 by definition)
 IDENTICAL = "output identical to the baseline's: p = 1"
-#: the most points a curve averaged over seeds is evaluated at
-MAX_GRID = 300
 
 #: a mean over seeds: (mean, sample standard deviation, number of values)
 Stats = tuple[float, float, int]
+
+#: the scores of the tables and figures: (metric in metrics.json, label, decimals, scale).
+#: BERTScore F1 is shown x100, on BLEU's and chrF's 0-100 scale, wherever the report shows it
+#: (``report.csv`` keeps ``metrics.json``'s 0-1 value)
+SCORES = (
+    ("bleu", "BLEU", 2, 1.0),
+    ("chrf", "chrF", 2, 1.0),
+    ("bertscore_f1", "BERTScore F1 ×100", 2, 100.0),
+    ("loss", "loss", 4, 1.0),
+)
+#: the scores drawn as bars: those on a 0-100 scale
+BAR_SCORES = SCORES[:3]
 
 
 def finite(values: Iterable[Any]) -> list[float]:
@@ -50,6 +58,40 @@ def system_order(systems: dict[str, list[Entry]]) -> list[str]:
         return (-stats[0] if stats else math.inf, name)
 
     return sorted(systems, key=key)
+
+
+def seed_list(entries: Sequence[Entry]) -> str:
+    """The training seeds of ``entries``' runs, sorted (``0, 1, 2``): the ``seeds`` column of
+    the score and significance tables."""
+    return ", ".join(str(s) for s in sorted(e.run.seed for e in entries)) or "—"
+
+
+def bar_values(entries: Sequence[Entry], metric: str, scale: float) -> list[float]:
+    """The finite values of ``metric`` of ``entries`` (one per seed), times ``scale``."""
+    return [v * scale for v in finite(e.scores.get(metric) for e in entries)]
+
+
+def error_bar(values: Sequence[float]) -> float | None:
+    """The sample standard deviation of a bar's seeds; None (no error bar) for one seed."""
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+def score_limits(splits: Iterable[dict[str, list[Entry]]]) -> dict[str, tuple[float, float]]:
+    """One y range per bar score (:data:`BAR_SCORES`) for the score figures of every split:
+    from 0 (or the lowest value below it) to 8% above the highest seed or mean + std of any
+    system on any split."""
+    splits, limits = list(splits), {}
+    for metric, _, _, scale in BAR_SCORES:
+        points = [0.0]
+        for systems in splits:
+            for entries in systems.values():
+                values = bar_values(entries, metric, scale)
+                if values:
+                    points += [*values, statistics.fmean(values) + (error_bar(values) or 0.0)]
+        low, high = min(points), max(points)
+        span = (high - low) or 1.0
+        limits[metric] = (low - 0.08 * span if low < 0 else 0.0, high + 0.08 * span)
+    return limits
 
 
 # ---------------------------------------------------------------- significance
@@ -212,6 +254,20 @@ def bucket_position(value: float, edges: Sequence[tuple[int, int]]) -> float | N
     return None
 
 
+#: the units of ``posenc.config.LENGTH_LIMITS`` that convert to the length buckets' axis (source
+#: length in tokens, EOS included), with the tokens to add; the others (words, symbols) do not
+#: convert and are not drawn on that axis
+AXIS_OFFSET = {"tokens incl. EOS": 0, "source tokens": 1}
+
+
+def limit_on_axis(value: float, unit: str) -> float | None:
+    """The first source length on the buckets' axis (tokens incl. EOS) that a training limit of
+    ``value`` in ``unit`` excludes (a line drawn there separates the longest trained source from
+    the next), or None when ``unit`` does not convert to tokens."""
+    offset = AXIS_OFFSET.get(unit)
+    return None if offset is None else value + offset + 1
+
+
 # ---------------------------------------------------------------- cost
 
 
@@ -237,37 +293,4 @@ def cost_values(group: Group, focus: str) -> dict[str, Stats | None]:
         ),
         "parameters": mean_std(r.train.get("parameters") for r in runs),
         "train_seconds": mean_std(r.train.get("train_seconds") for r in runs),
-    }
-
-
-# ---------------------------------------------------------------- learning curves
-
-
-def common_grid(curves: Sequence[Curve]) -> np.ndarray:
-    """The union of the curves' x values, or an even grid of :data:`MAX_GRID` points over their
-    range when that is longer."""
-    grid = np.unique(np.concatenate([x for x, _ in curves]))
-    if len(grid) > MAX_GRID:
-        grid = np.linspace(grid[0], grid[-1], MAX_GRID)
-    return grid
-
-
-def aggregate_curves(curves: Sequence[Curve], grid: np.ndarray) -> dict[str, np.ndarray]:
-    """Seeds interpolated onto ``grid`` (each only inside its own range, never extrapolated):
-    ``{"x", "mean", "min", "max", "count"}`` (arrays of one length: the grid points, and there the
-    mean, min and max over the seeds and how many seeds cover each); points no seed covers are
-    dropped."""
-    values = np.full((len(curves), len(grid)), np.nan)
-    for i, (x, y) in enumerate(curves):
-        inside = (grid >= x[0]) & (grid <= x[-1])
-        values[i, inside] = np.interp(grid[inside], x, y)
-    count = np.sum(~np.isnan(values), axis=0)
-    keep = count > 0
-    values = values[:, keep]
-    return {
-        "x": grid[keep],
-        "mean": np.nanmean(values, axis=0),
-        "min": np.nanmin(values, axis=0),
-        "max": np.nanmax(values, axis=0),
-        "count": count[keep],
     }

@@ -1,0 +1,95 @@
+"""Learning curves averaged over seeds, honestly: a mean only where every seed has data.
+
+A seed that stopped earlier (a shorter time budget reached, an unfinished run) would otherwise
+leave the mean to the others from its last point on, and the mean would jump there (up, when
+the slower seed is the worse one). So the mean and its min–max band cover only the range all
+seeds share; what a seed logged outside it is drawn as its own thin line (:func:`tails`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from posenc.analysis.report.runs import Curve
+
+#: the most points a curve averaged over seeds is evaluated at
+MAX_GRID = 300
+#: the trailing mean of a training-loss curve spans this share of its points
+SMOOTHING = 0.05
+
+
+def common_range(curves: Sequence[Curve]) -> tuple[float, float] | None:
+    """The x range every curve covers (from the latest first point to the earliest last
+    point), or None when they share none."""
+    if not curves:
+        return None
+    low = max(float(x[0]) for x, _ in curves)
+    high = min(float(x[-1]) for x, _ in curves)
+    return (low, high) if low <= high else None
+
+
+def common_grid(curves: Sequence[Curve]) -> np.ndarray:
+    """The curves' x values inside their :func:`common_range` (an even grid of
+    :data:`MAX_GRID` points over it when there are more); empty when they share no range."""
+    shared = common_range(curves)
+    if shared is None:
+        return np.array([], dtype=float)
+    grid = np.unique(np.concatenate([x for x, _ in curves]))
+    grid = grid[(grid >= shared[0]) & (grid <= shared[1])]
+    if len(grid) > MAX_GRID:
+        grid = np.linspace(shared[0], shared[1], MAX_GRID)
+    return grid
+
+
+def aggregate_curves(curves: Sequence[Curve], grid: np.ndarray | None = None) -> dict:
+    """The seeds interpolated linearly onto ``grid`` (default :func:`common_grid`) and
+    aggregated: ``{"x", "mean", "min", "max"}`` (arrays of one length) and ``"n"`` (seeds).
+    Grid points outside any seed's range are dropped: every point is a mean over all seeds,
+    so the curve ends where the shortest seed ends."""
+    grid = common_grid(curves) if grid is None else np.asarray(grid, dtype=float)
+    shared = common_range(curves)
+    grid = grid[:0] if shared is None else grid[(grid >= shared[0]) & (grid <= shared[1])]
+    if not len(grid):
+        return {"x": grid, "mean": grid, "min": grid, "max": grid, "n": len(curves)}
+    values = np.array([np.interp(grid, x, y) for x, y in curves])
+    return {
+        "x": grid,
+        "mean": values.mean(axis=0),
+        "min": values.min(axis=0),
+        "max": values.max(axis=0),
+        "n": len(curves),
+    }
+
+
+def tails(curves: Sequence[Curve]) -> list[Curve]:
+    """What each seed logged outside the range all seeds share: the part before its start and
+    the part after its end (each joined to the shared range by the interpolated value at its
+    edge); every whole curve when they share no range."""
+    shared = common_range(curves)
+    if shared is None:
+        return list(curves)
+    low, high = shared
+    segments: list[Curve] = []
+    for x, y in curves:
+        before, after = x < low, x > high
+        if before.any():
+            segments.append((np.append(x[before], low), np.append(y[before], np.interp(low, x, y))))
+        if after.any():
+            segments.append(
+                (np.insert(x[after], 0, high), np.insert(y[after], 0, np.interp(high, x, y)))
+            )
+    return segments
+
+
+def trailing_mean(curve: Curve, share: float = SMOOTHING) -> Curve:
+    """``curve`` smoothed by a trailing mean over ``share`` of its points (at least one: a
+    short curve stays as it is); the x values are kept."""
+    x, y = curve
+    window = max(1, round(len(y) * share))
+    if window == 1:
+        return x, y
+    sums = np.cumsum(np.insert(y, 0, 0.0))
+    starts = np.maximum(np.arange(1, len(y) + 1) - window, 0)
+    counts = np.arange(1, len(y) + 1) - starts
+    return x, (sums[1:] - sums[starts]) / counts

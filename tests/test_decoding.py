@@ -1,0 +1,46 @@
+"""Decoding a list of tokenised sentences (evaluation and the translate command): translations
+come back in input order under the decoding settings asked for, whatever the batching, and the
+progress bar writes to stderr and changes nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import torch
+from conftest import PE_NAMES, tiny_model
+
+from posenc.evaluation.decode import DecodeSettings, translate
+
+SPECIALS = SimpleNamespace(pad_id=0, bos_id=1, eos_id=2)
+"""What decoding needs of a tokenizer: its special ids."""
+CPU = torch.device("cpu")
+
+
+def sentences() -> list[list[int]]:
+    return [torch.randint(3, 40, (n,)).tolist() for n in (7, 2, 9, 4, 1, 6)]
+
+
+def test_beam_translations_come_back_in_input_order_whatever_the_batches():
+    model = tiny_model(PE_NAMES[0]).double().eval()
+    sources = sentences()
+    settings = DecodeSettings(batch_tokens=12, max_len_a=1.0, max_len_b=4, beam_size=3, lenpen=0.6)
+    batched, _ = translate(model, SPECIALS, sources, settings, CPU)
+    one_batch, _ = translate(model, SPECIALS, sources, replace(settings, batch_tokens=999), CPU)
+    alone = [
+        model.generate(torch.tensor([[*s, 2]]), 1.0, 4, beam_size=3, lenpen=0.6)[0] for s in sources
+    ]
+    assert batched == one_batch == alone
+
+
+def test_the_progress_bar_writes_to_stderr_and_changes_no_translation(capsys):
+    model = tiny_model(PE_NAMES[0]).eval()
+    sources = sentences()
+    quiet = DecodeSettings(batch_tokens=12, max_len_a=1.0, max_len_b=4)
+    without, _ = translate(model, SPECIALS, sources, quiet, CPU)
+    silent = capsys.readouterr()
+    with_bar, _ = translate(model, SPECIALS, sources, replace(quiet, progress=True), CPU)
+    shown = capsys.readouterr()
+    assert with_bar == without
+    assert silent.err == silent.out == shown.out == ""
+    assert "decoding" in shown.err and f"/{len(sources)}" in shown.err

@@ -1,0 +1,106 @@
+"""The translate command (``python -m posenc.translate run_dir=RUN``), like
+``fairseq-interactive``: raw sentences in (a file or stdin), detokenised translations out (a
+file or stdout), one per line in input order, with the run's tokenizer and checkpoint; errors
+in one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, SMOKE, compose
+from omegaconf import OmegaConf
+
+from posenc.data.corpora import load_corpora
+from posenc.evaluation.standalone import main as evaluate_main
+from posenc.job import run
+from posenc.translate import main as translate_main
+
+TRAIN = (*SMOKE, "pe=rope")  # 30 steps: the model translates (into something)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("translate") / "pe=rope"
+    run(compose(*TRAIN), run_dir)
+    return run_dir
+
+
+def evaluated_sources(run_dir) -> list[str]:
+    """The sentences the run's own evaluation translated into ``hypotheses.test.txt``."""
+    data = OmegaConf.load(run_dir / "config.yaml").data
+    return load_corpora(data, with_train=False)["test"].src[:12]
+
+
+def test_a_file_is_translated_as_the_evaluation_translated_it(trained, tmp_path):
+    sources = evaluated_sources(trained)
+    hypotheses = (trained / "hypotheses.test.txt").read_text().splitlines()
+    assert sum(bool(h) for h in hypotheses) > 6
+    source_file, output = tmp_path / "in.fr", tmp_path / "out" / "en.txt"
+    source_file.write_text("\n".join([*sources[:5], "", *sources[5:]]) + "\n")
+    translate_main([f"run_dir={trained}", f"input={source_file}", f"output={output}"])
+    assert output.read_text().splitlines() == [*hypotheses[:5], "", *hypotheses[5:]]
+
+
+def test_stdin_is_translated_to_stdout_with_beam_search(trained, monkeypatch, capsys):
+    sources = evaluated_sources(trained)[:4]
+    args = [f"run_dir={trained}", "eval.beam_size=3", "eval.lenpen=0.6"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(sources) + "\n"))
+    translate_main(args)
+    out = capsys.readouterr().out
+    source_file = trained.parent / "four.fr"
+    source_file.write_text("\n".join(sources) + "\n")
+    translate_main([*args, f"input={source_file}"])
+    assert capsys.readouterr().out == out and len(out.splitlines()) == 4 and out.strip()
+
+
+def test_the_command_runs_as_a_module(trained):
+    done = subprocess.run(
+        [sys.executable, "-m", "posenc.translate", f"run_dir={trained}"],
+        input="Bonjour.\n\nMerci.\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
+    assert len(done.stdout.splitlines()) == 3 and done.stdout.splitlines()[1] == ""
+    assert "3 lines translated" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["run_dir={missing}"], "config.yaml not found: is .* a posenc run"),
+        (["run_dir={run}", "input={missing}"], "cannot read input=.*: No such file or directory"),
+        (["input=x.txt"], "usage: python -m posenc.translate run_dir=RUN"),
+        (["run_dir={run}", "eval.beam_sise=5"], "Key 'beam_sise' is not in the run's config"),
+        (["run_dir={run}", "eval.beam_size=0"], "eval.beam_size=0 must be an integer >= 1"),
+    ],
+)
+def test_an_error_is_one_line(trained, tmp_path, args, expected):
+    paths = {"run": trained, "missing": tmp_path / "missing"}
+    with pytest.raises(SystemExit) as exit_info:
+        translate_main([arg.format(**paths) for arg in args])
+    message = str(exit_info.value.code)
+    assert "\n" not in message
+    assert re.search(expected, message), message
+
+
+def test_a_run_saved_before_beam_search_existed_can_use_it(trained, tmp_path):
+    """A run whose config has no ``eval.beam_size``, ``eval.lenpen`` or ``eval.average_last``
+    decodes greedily, and standalone evaluation may still set them."""
+    old = tmp_path / "old"
+    shutil.copytree(trained, old)
+    cfg = OmegaConf.load(old / "config.yaml")
+    for key in ("beam_size", "lenpen", "average_last"):
+        cfg.eval.pop(key)
+    OmegaConf.save(cfg, old / "config.yaml")
+    evaluate_main([f"run_dir={old}", "eval.beam_size=2"])
+    metrics = json.loads((old / "evals" / "eval.beam_size=2,step=30" / "metrics.json").read_text())
+    assert metrics["splits"]["test"]["beam_size"] == 2
+    assert metrics["splits"]["test"]["lenpen"] == 1.0
