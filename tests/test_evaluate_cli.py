@@ -57,8 +57,8 @@ def reported_decode_speed(report_dir) -> float:
 
 
 def test_the_report_reads_the_runs_own_evaluation_unless_told_otherwise(trained):
-    evaluate_main([f"run_dir={trained}", "eval.use_cache=false"])
-    name = "eval.use_cache=false,step=4"
+    evaluate_main([f"run_dir={trained}", "eval.use_cache=false", "eval.beam_size=2"])
+    name = "eval.beam_size=2,eval.use_cache=false,step=4"
     own = json.loads((trained / "metrics.json").read_text())["splits"]["test"]
     standalone = json.loads((trained / "evals" / name / "metrics.json").read_text())
     standalone = standalone["splits"]["test"]
@@ -68,6 +68,10 @@ def test_the_report_reads_the_runs_own_evaluation_unless_told_otherwise(trained)
     r1, r2 = trained.parent / "r1", trained.parent / "r2"
     assert reported_decode_speed(r1) == pytest.approx(own["decode_tokens_per_s"], abs=0.05)
     assert reported_decode_speed(r2) == pytest.approx(standalone["decode_tokens_per_s"], abs=0.05)
+    # each report states the decoding its scores come from
+    assert "beam_size=1," in (r1 / "report.md").read_text()
+    assert "beam_size=2," in (r2 / "report.md").read_text()
+    assert standalone["beam_size"] == 2 and own["beam_size"] == 1
 
 
 @pytest.mark.parametrize(

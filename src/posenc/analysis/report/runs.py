@@ -155,6 +155,7 @@ def load_run(path: Path, sweep: Path, evaluation: str | None = None) -> Run:
     except Exception as err:  # a broken config is a failed run in the table, not a crash
         return Run(name, path, {}, FAILED, f"config.yaml unreadable: {first_line(err)}")
     results = path / "evals" / evaluation if evaluation else path
+    config.update(_evaluation_settings(results) if evaluation else {})
     run = Run(name, path, config, curves=read_curves(path / "tb"), results=results)
     run.train = read_json(path / "train_summary.json") or {}
     if (path / "failed.json").exists():
@@ -178,6 +179,17 @@ def load_run(path: Path, sweep: Path, evaluation: str | None = None) -> Run:
     else:
         run.message = "running or interrupted; nothing logged yet"
     return run
+
+
+def _evaluation_settings(results: Path) -> dict[str, Any]:
+    """The flattened settings a standalone evaluation in ``results`` ran under
+    (``eval_config.yaml``: the run's config with the evaluation's overrides), so the report
+    states the decoding it scored (``eval.beam_size=5``), not the training run's; empty when
+    the file is missing or unreadable."""
+    try:
+        return flatten(OmegaConf.to_container(OmegaConf.load(results / "eval_config.yaml")))
+    except Exception:  # an evaluation without its config: the run's own settings stand
+        return {}
 
 
 def reference_of(runs: Sequence[Run], override: str | None = None) -> str:
