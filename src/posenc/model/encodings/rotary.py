@@ -10,10 +10,31 @@
   - ``yarn``: YaRN (Peng et al. 2023), a per-frequency ramp between interpolation and
     extrapolation (``beta_fast=32``, ``beta_slow=1``, bounds floored/ceiled as in the authors'
     code) and the attention temperature ``0.1 ln(factor) + 1`` multiplied into the
-    rotation (cos and sin), so both q and k carry it.
+    rotation (cos and sin), so both q and k carry it;
+  - ``dynamic_ntk``: dynamic NTK scaling (bloc97/emozilla; transformers' ``"dynamic"``), the
+    base ``base * (factor * L / L_train - (factor - 1))^(r / (r - 2))`` for a sequence of ``L``
+    tokens longer than ``L_train = original_max_len``, RoPE unchanged for ``L <= L_train``.
+    Named for what it scales, and distinct from ``ntk``: the base follows the length.
 
   The inverse frequencies equal ``transformers.modeling_rope_utils``' ("linear", "yarn", and
-  "dynamic" evaluated where its base equals the static NTK base).
+  "dynamic" at every length; static ``ntk`` where "dynamic"'s base equals it).
+
+  Dynamic NTK and the cache: ``L`` grows while decoding. transformers rotates each new token
+  at the base of the length so far and caches it rotated, so its cached decoding differs from
+  recomputing the sequence (huggingface/transformers#25104); caching keys unrotated (the fix
+  proposed there) repairs the first layer only: every later layer's keys and values come from
+  hidden states computed at an older base, and recomputation at the new length changes them
+  all. No cache equals recomputation at the current length; so the decoder here fixes each
+  position's base to the length it completes: position ``m`` is rotated (q and k, once, before
+  caching, as RoPE) at the base of ``L = m + 1``. Teacher forcing, recomputing the prefix and
+  cached decoding in any chunks then agree exactly, at no cost over RoPE; for tokens generated
+  one at a time from BOS it is what transformers' cached generation computes, and past
+  ``L_train`` a score mixes the bases of its query's and key's positions
+  (``m theta(m+1) - n theta(n+1)``). The encoder, which caches nothing, rotates every position
+  of a source at the base of that source's length (its non-padding keys; so, as in transformers
+  for a prompt, scores stay relative, and padding never changes a source's base): its rule
+  rotates at attention time, where the padding mask is known, building the table once per
+  forward (``(B, L, r/2)`` when sources of one batch are past ``L_train`` at different lengths).
 
 * ``xpos`` — A Length-Extrapolatable Transformer (Sun et al. 2022): RoPE whose pair ``i`` is
   also scaled by ``zeta_i^(m/scale_base)`` on queries and ``zeta_i^(-n/scale_base)`` on keys,
@@ -30,23 +51,23 @@ The remaining ``D - r`` dims pass through unrotated.
 
 Where it applies: encoder and decoder self-attention. Cross-attention stays plain: source and
 target positions do not lie on one axis. Keys are rotated once, at their own position, before
-they enter the decoder's key/value cache (:meth:`AttentionRule.prepare`); attention itself is
-plain SDPA. The rotation table ``e^(i m theta)`` (cos/sin) is computed once per forward in
-``context`` for the positions of the call (new keys share the queries' positions) and shared
-by every layer.
+they enter the decoder's key/value cache (:meth:`AttentionRule.prepare`; dynamic NTK's encoder
+rotates at attention time, see above); attention itself is plain SDPA. The rotation table
+``e^(i m theta)`` (cos/sin) is computed once per forward in ``context`` for the positions of the
+call (new keys share the queries' positions) and shared by every layer.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from posenc.model.encodings.base import AttentionRule, Site, StackEncoding
+from posenc.model.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
 
-SCALINGS = ("none", "linear", "ntk", "yarn")
+SCALINGS = ("none", "linear", "ntk", "yarn", "dynamic_ntk")
 YARN_BETA_FAST = 32.0
 YARN_BETA_SLOW = 1.0
 
@@ -80,6 +101,8 @@ def rope_inverse_frequencies(
     multiplies cos and sin (YaRN's attention temperature; 1 otherwise).
 
     ``factor`` is ignored with ``scaling="none"``; ``original_max_len`` is used by YaRN only.
+    ``dynamic_ntk`` gets RoPE's own frequencies, those of lengths up to ``original_max_len``
+    (:func:`dynamic_ntk_inverse_frequencies` gives them at any length).
     """
     exponents = torch.arange(0, dim, 2, dtype=torch.float32) / dim
     if scaling == "ntk":
@@ -105,17 +128,35 @@ def rope_inverse_frequencies(
     return inv_freq, yarn_attention_factor(factor)
 
 
+def dynamic_ntk_inverse_frequencies(
+    inv_freq: Tensor, factor: float, original_max_len: int, lengths: Tensor
+) -> Tensor:
+    """Dynamic NTK's inverse frequencies ``(S, r/2)`` at the sequence lengths ``lengths (S,)``,
+    from RoPE's ``inv_freq (r/2,)`` (``theta_i = base^(-2i/r)``).
+
+    The base at length ``L`` is ``base * s^(r/(r-2))``, ``s = max(1, factor L / L_train -
+    (factor - 1))``, so ``theta_i`` is multiplied by ``s^(-(2i/r) r/(r-2))``: exactly RoPE's at
+    ``L <= L_train`` (``s = 1``).
+    """
+    dim = 2 * inv_freq.shape[-1]
+    stretch = (factor * lengths.to(torch.float32) / original_max_len - (factor - 1)).clamp(min=1.0)
+    exponents = torch.arange(0, dim, 2, dtype=torch.float32, device=inv_freq.device) / (dim - 2)
+    return inv_freq * stretch[:, None] ** -exponents
+
+
 def rotation_table(positions: Tensor, inv_freq: Tensor, scale: Tensor | float = 1.0) -> Tensor:
-    """Complex ``scale * e^(i m theta) (L, r/2)`` (complex64) for ``positions (L,)`` and
-    ``inv_freq (r/2,)``; ``scale`` (a float or ``(L, r/2)``) is YaRN's temperature or xPos's
-    decay."""
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    """Complex ``scale * e^(i m theta) (..., L, r/2)`` (complex64) for ``positions (L,)`` and
+    ``inv_freq``: ``(r/2,)`` for every position, ``(L, r/2)`` one set per position or
+    ``(B, 1, r/2)`` one per sequence; ``scale`` (a float or ``(L, r/2)``) is YaRN's temperature
+    or xPos's decay."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq
     return torch.complex(angles.cos() * scale, angles.sin() * scale)
 
 
 def rotate(x: Tensor, table: Tensor) -> Tensor:
-    """Rotate the first ``r`` dims of ``x (B, H, L, D)`` by ``table (L, r/2)`` from
-    :func:`rotation_table`, pair ``(2i, 2i+1)`` by entry ``i``; the other dims pass through.
+    """Rotate the first ``r`` dims of ``x (B, H, L, D)`` by ``table (L, r/2)`` (or one per
+    sequence, ``(B, 1, L, r/2)``) from :func:`rotation_table`, pair ``(2i, 2i+1)`` by entry
+    ``i``; the other dims pass through.
 
     Computed in float32 for lower-precision inputs (complex bfloat16 does not exist) and
     returned in ``x``'s dtype.
@@ -164,6 +205,74 @@ class RotaryRule(AttentionRule):
         return rotate(q, context.q), rotate(k, context.k), None
 
 
+@dataclass
+class DynamicNTKTables:
+    """What a dynamic-NTK encoder call rotates with: its positions, RoPE's frequencies and the
+    scaling. :meth:`table` builds the rotation for the sources' lengths once per call (the
+    first layer builds it, the others reuse it)."""
+
+    positions: Tensor
+    inv_freq: Tensor
+    factor: float
+    original_max_len: int
+    _built: tuple[Tensor | None, Tensor] | None = field(default=None, repr=False)
+
+    def lengths(self, key_padding_mask: Tensor | None) -> Tensor:
+        """The lengths ``L`` that set the base: ``(B,)`` non-padding keys per source, or
+        ``(1,)`` all positions without a mask."""
+        if key_padding_mask is None:
+            return torch.tensor([len(self.positions)], device=self.positions.device)
+        return (~key_padding_mask).sum(-1)
+
+    def table(self, key_padding_mask: Tensor | None) -> Tensor:
+        """The complex rotation ``(L, r/2)``, or ``(B, 1, L, r/2)`` when the sources of the
+        batch have different bases."""
+        if self._built is not None and self._built[0] is key_padding_mask:
+            return self._built[1]
+        lengths = self.lengths(key_padding_mask)
+        if bool((lengths <= self.original_max_len).all()):
+            table = rotation_table(self.positions, self.inv_freq)  # RoPE itself
+        elif bool((lengths == lengths[0]).all()):
+            table = rotation_table(self.positions, self.scaled(lengths[:1])[0])
+        else:
+            table = rotation_table(self.positions, self.scaled(lengths)[:, None])[:, None]
+        self._built = (key_padding_mask, table)
+        return table
+
+    def scaled(self, lengths: Tensor) -> Tensor:
+        """The inverse frequencies ``(S, r/2)`` at ``lengths (S,)``."""
+        return dynamic_ntk_inverse_frequencies(
+            self.inv_freq, self.factor, self.original_max_len, lengths
+        )
+
+
+class DynamicNTKEncoderRule(AttentionRule):
+    """Dynamic NTK in the encoder: q and k are rotated at attention time, where the padding mask
+    tells each source's length (:class:`DynamicNTKTables`); the encoder caches nothing, so this
+    costs what rotating in :meth:`prepare` would.
+
+    :attr:`rotates_qk` stays False: :meth:`prepare` does not rotate, so the plots' rotary panel,
+    which rotates through it, would draw no rotation.
+    """
+
+    def rotated(self, q: Tensor, k: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor]:
+        """``q, k (B, H, L, D)`` rotated with the base of each source's length."""
+        if not isinstance(call.context, DynamicNTKTables):
+            raise ValueError("a dynamic-NTK encoder rule needs the stack's DynamicNTKTables")
+        table = call.context.table(call.key_padding_mask)
+        return rotate(q, table), rotate(k, table)
+
+    def weights(
+        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> Tensor:
+        return super().weights(*self.rotated(q, k, call), key_state, call)
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> Tensor:
+        return super().forward(*self.rotated(q, k, call), v, key_state, call)
+
+
 class _RotaryStack(StackEncoding):
     """Shared machinery: one :class:`RotaryRule` per layer for self-attention, plain
     cross-attention, tables computed in :meth:`context`."""
@@ -180,10 +289,12 @@ class RotaryEncoding(_RotaryStack):
         base: the wavelength base (10000 in the paper).
         rotary_fraction: fraction of each head's dims that is rotated (the rest pass through);
             the rotated count must be even.
-        scaling: ``none``, ``linear`` (position interpolation), ``ntk`` (NTK-aware base) or
-            ``yarn``; meant to be switched on when testing on inputs longer than training.
+        scaling: ``none``, ``linear`` (position interpolation), ``ntk`` (NTK-aware base),
+            ``yarn`` or ``dynamic_ntk`` (NTK-aware base following the length); meant to be
+            switched on when testing on inputs longer than training.
         factor: the context-extension factor (>= 1); ignored with ``scaling=none``.
-        original_max_len: the training length (YaRN's ramp bounds depend on it).
+        original_max_len: the training length (YaRN's ramp bounds depend on it, and dynamic
+            NTK scales only longer sequences).
     """
 
     applies_to = "encoder and decoder self-attention (q, k rotated); cross-attention plain"
@@ -208,18 +319,35 @@ class RotaryEncoding(_RotaryStack):
         dim = rotary_dim(d_model // n_heads, rotary_fraction)
         if scaling != "none" and factor < 1.0:
             raise ValueError(f"rope: scaling={scaling} needs factor >= 1, got factor={factor}")
-        if scaling == "ntk" and dim <= 2:
-            raise ValueError("rope: scaling=ntk needs more than 2 rotated dims per head")
-        if scaling == "yarn" and original_max_len <= 0:
-            raise ValueError(f"rope: scaling=yarn needs original_max_len > 0 ({original_max_len})")
+        if scaling in ("ntk", "dynamic_ntk") and dim <= 2:
+            raise ValueError(f"rope: scaling={scaling} needs more than 2 rotated dims per head")
+        if scaling in ("yarn", "dynamic_ntk") and original_max_len <= 0:
+            raise ValueError(
+                f"rope: scaling={scaling} needs original_max_len > 0 ({original_max_len})"
+            )
         inv_freq, self.attention_factor = rope_inverse_frequencies(
             dim, base, scaling, factor, original_max_len
         )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.dynamic = scaling == "dynamic_ntk"
+        self.factor = factor
+        self.original_max_len = original_max_len
 
-    def context(self, q_pos: Tensor, k_pos: Tensor) -> RotaryTables:
-        """The ``(Lq, r/2)`` table of the call's new tokens (keys share the queries' positions)."""
-        table = rotation_table(q_pos, self.inv_freq, self.attention_factor)
+    def self_rule(self, layer: int) -> AttentionRule:
+        return DynamicNTKEncoderRule() if self.dynamic and not self.causal else RotaryRule()
+
+    def context(self, q_pos: Tensor, k_pos: Tensor) -> RotaryTables | DynamicNTKTables:
+        """The ``(Lq, r/2)`` table of the call's new tokens (keys share the queries' positions);
+        with dynamic NTK, each decoder position at the base of the length it completes, and
+        what the encoder's rule needs to rotate at each source's length."""
+        if self.dynamic and not self.causal:
+            return DynamicNTKTables(q_pos, self.inv_freq, self.factor, self.original_max_len)
+        inv_freq = self.inv_freq
+        if self.dynamic:  # (Lq, r/2): position m at the base of length m + 1
+            inv_freq = dynamic_ntk_inverse_frequencies(
+                inv_freq, self.factor, self.original_max_len, q_pos + 1
+            )
+        table = rotation_table(q_pos, inv_freq, self.attention_factor)
         return RotaryTables(table, table)
 
 
