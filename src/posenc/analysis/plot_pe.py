@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -295,7 +296,10 @@ def _notes(view: EncodingView, has_table: bool) -> str:
             "FLAT: attention gets no position information from this model (an encoding that "
             "starts at zero, like CoPE, needs training or --zero-init-std)"
         )
-    return "\n".join(lines)
+    width = 90 if has_table else 180  # the panel is half the figure's width beside a table
+    return "\n".join(
+        wrapped for line in lines for wrapped in textwrap.wrap(line, width, subsequent_indent="  ")
+    )
 
 
 def draw(view: EncodingView) -> Figure:
