@@ -20,8 +20,9 @@ STUDIES = (
     "encoder_forms_toy",
     "demo",
     "demo_toy",
+    "compare17",
 )
-LINKED = {"demo", "demo_toy"}  # copied into docs/ and linked from the page, not embedded
+LINKED = {"demo", "demo_toy", "compare17"}  # copied into docs/ and linked from the page, not embedded
 
 
 def copy_report(report_dir: Path, docs_dir: Path, roots: tuple[Path, ...] = (ROOT,)) -> None:
