@@ -22,7 +22,8 @@ STUDIES = (
     "demo_toy",
     "compare17",
 )
-LINKED = {"demo", "demo_toy", "compare17"}  # copied into docs/ and linked from the page, not embedded
+#: copied into docs/ and linked from the page, not embedded
+LINKED = {"demo", "demo_toy", "compare17"}
 
 
 def copy_report(report_dir: Path, docs_dir: Path, roots: tuple[Path, ...] = (ROOT,)) -> None:
