@@ -43,6 +43,9 @@ def test_a_standalone_evaluation_goes_to_its_own_directory_and_replaces_nothing(
     stamp = (out / "metrics.json").stat().st_mtime_ns
     evaluate_main([f"run_dir={trained}", "eval.use_cache=false"])  # the same evaluation again
     assert (out / "metrics.json").stat().st_mtime_ns == stamp  # read, not recomputed
+    # how it runs is not what it scores: with a progress bar it is still the same evaluation
+    evaluate_main([f"run_dir={trained}", "eval.use_cache=false", "trainer.progress=true"])
+    assert (out / "metrics.json").stat().st_mtime_ns == stamp
 
 
 def reported_decode_speed(report_dir) -> float:

@@ -61,9 +61,16 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     return cfg
 
 
+#: overrides that change how an evaluation runs, never what it scores: left out of its name, so
+#: the same evaluation with a progress bar or on another device reads the one already there
+NOT_IN_NAME = frozenset({"trainer.progress", "device", "threads"})
+
+
 def evaluation_dir(run_dir: Path, overrides: list[str], step: int) -> Path:
-    """``RUN/evals/<overrides>,step=N``: one directory per distinct standalone evaluation."""
-    items = sorted([*overrides, f"step={step}"])
+    """``RUN/evals/<overrides>,step=N``: one directory per distinct standalone evaluation
+    (:data:`NOT_IN_NAME` left out)."""
+    scored = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in NOT_IN_NAME]
+    items = sorted([*scored, f"step={step}"])
     name = re.sub(r"[^\w.=,+\-{}:\[\]]", "_", ",".join(items))
     return run_dir / "evals" / name
 
