@@ -14,7 +14,6 @@ from dataclasses import dataclass
 class StepWindow:
     """Sums over the optimizer steps since the last report."""
 
-    steps: int = 0
     loss: float = 0.0  # summed label-smoothed loss of every target token
     nll: float = 0.0  # summed NLL of every target token
     tokens: int = 0
@@ -22,7 +21,6 @@ class StepWindow:
 
     def add(self, loss_sum: float, nll_sum: float, tokens: int, seconds: float) -> None:
         """Count one optimizer step (sums over its target tokens)."""
-        self.steps += 1
         self.loss += loss_sum
         self.nll += nll_sum
         self.tokens += tokens
