@@ -1,0 +1,72 @@
+"""The extrapolation penalty: the short-trained sweep's loss minus the all-lengths sweep's, per
+source-length bucket, paired by encoding and seed (run directories written by hand: config and
+metrics only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from posenc.analysis.penalty import done_runs, main, penalties, penalty_table
+
+#: (min, max, sentences) of the test split's buckets; the last one is too small to show
+BUCKETS = [(0, 10, 40), (10, 20, 400), (20, 30, 500), (120, 1000, 2)]
+
+
+def write_run(sweep: Path, pe: str, seed: int, losses: list[float]) -> None:
+    run = sweep / f"pe={pe},seed={seed}"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"pe": {"name": pe}, "seed": seed}))
+    buckets = [
+        {"min": lo, "max": hi, "sentences": n, "bleu": 1.0, "loss": loss}
+        for (lo, hi, n), loss in zip(BUCKETS, losses, strict=True)
+    ]
+    metrics = {"splits": {"test": {"bleu": 1.0, "buckets": buckets}}}
+    (run / "metrics.json").write_text(json.dumps(metrics))
+
+
+@pytest.fixture
+def sweeps(tmp_path) -> tuple[Path, Path]:
+    short, full = tmp_path / "short", tmp_path / "full"
+    write_run(short, "rope", 0, [4.0, 5.0, 6.0, 7.0])
+    write_run(short, "rope", 1, [4.2, 5.2, 6.4, 7.0])
+    write_run(short, "alibi", 0, [4.0, 5.0, 5.5, 7.0])
+    write_run(short, "fire", 0, [4.0, 5.0, 5.5, 7.0])  # no partner in the full sweep
+    write_run(full, "rope", 0, [4.1, 4.9, 5.6, 6.0])
+    write_run(full, "rope", 1, [4.1, 4.9, 5.6, 6.0])
+    write_run(full, "rope", 2, [9.0, 9.0, 9.0, 9.0])  # no partner in the short sweep
+    write_run(full, "alibi", 0, [4.0, 4.8, 5.4, 6.0])
+    return short, full
+
+
+def test_penalty_is_the_mean_over_paired_seeds_of_short_minus_full(sweeps):
+    found = {p.pe: p for p in penalties(done_runs(sweeps[0]), done_runs(sweeps[1]), "test")}
+    assert set(found) == {"rope", "alibi"}
+    rope = found["rope"]
+    assert rope.seeds == [0, 1]
+    assert rope.by_bucket[(0, 10)] == pytest.approx(((4.0 - 4.1) + (4.2 - 4.1)) / 2)
+    assert rope.by_bucket[(20, 30)] == pytest.approx(((6.0 - 5.6) + (6.4 - 5.6)) / 2)
+    assert found["alibi"].by_bucket[(20, 30)] == pytest.approx(0.1)
+
+
+def test_table_leaves_out_small_buckets_orders_by_the_longest_and_names_the_unpaired(sweeps):
+    table = penalty_table(done_runs(sweeps[0]), done_runs(sweeps[1]), "test", min_sentences=20)
+    lines = table.splitlines()
+    assert lines[0] == "encoding | 0–9 | 10–19 | 20–29"
+    assert lines[2] == "alibi (seed 0) | +0.000 | +0.200 | +0.100"
+    assert lines[3] == "rope (seeds 0, 1) | +0.000 | +0.200 | +0.600"
+    assert lines[-1] == "No all-lengths run with the same seed: fire."
+    bigger = penalty_table(done_runs(sweeps[0]), done_runs(sweeps[1]), "test", min_sentences=1)
+    assert bigger.splitlines()[0].endswith("| 120–999")
+
+
+def test_sweeps_without_pairs_fail_in_one_line(sweeps, tmp_path, capsys):
+    with pytest.raises(SystemExit, match="no run of the short-trained sweep has a run"):
+        main([str(sweeps[0]), str(tmp_path / "full" / "pe=rope,seed=2")])
+    with pytest.raises(SystemExit, match="no sweep directory .*nowhere; pass the sweep's folder"):
+        main([str(sweeps[0]), str(tmp_path / "nowhere")])
+    main([str(sweeps[0]), str(sweeps[1])])
+    assert "rope (seeds 0, 1)" in capsys.readouterr().out
