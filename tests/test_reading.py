@@ -56,3 +56,9 @@ def test_one_seed_is_named_as_a_limit_of_trust():
 
 def test_without_two_scored_encodings_there_is_nothing_to_read():
     assert "nothing to compare" in reading(rows("test", {"a": 3.0}, {}), ["test"])
+
+
+def test_one_training_time_is_named_once():
+    data = [r for r in rows("test", {"a": 3.0, "b": 1.0}, {"b": 0.01}) if r["encoding"] != "b"]
+    data += [row("significance", "test", "b", "bleu", 1.0), row("scores", "test", "b", "bleu_n", 1)]
+    assert "after 100 s of training" in reading(data, ["test"])

@@ -76,11 +76,12 @@ def reading(rows: Sequence[Mapping[str, Any]], splits: Sequence[str]) -> str:
         for r in rows
         if r["section"] == "runs" and r["metric"] == "train_seconds"
     ]
-    budget = (
-        f"after {min(seconds):.0f} to {max(seconds):.0f} s of training"
-        if seconds
-        else "at this budget"
-    )
+    if not seconds:
+        budget = "at this budget"
+    elif round(min(seconds)) == round(max(seconds)):
+        budget = f"after {min(seconds):.0f} s of training"
+    else:
+        budget = f"after {min(seconds):.0f} to {max(seconds):.0f} s of training"
     if seeds and min(seeds) == max(seeds):
         n_seeds = "one seed" if seeds[0] == 1 else f"{seeds[0]} seeds"
     else:
