@@ -127,3 +127,9 @@ def test_test_time_variants_can_be_asked_for_standalone(trained):
     assert (out / "hypotheses.test.pi2.txt").exists() and not (
         trained / "hypotheses.test.pi2.txt"
     ).exists()
+    # the report of that evaluation states its variants, not the run's empty mapping
+    report_dir = trained.parent / "r_variants"
+    report_main([str(trained.parent), "--out", str(report_dir), "--eval", out.name])
+    report = (report_dir / "report.md").read_text()
+    assert "pe_variants.pi2.scaling=linear" in report and "pe_variants={}" not in report
+    assert "rope [pi2]" in report

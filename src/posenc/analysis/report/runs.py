@@ -155,7 +155,8 @@ def load_run(path: Path, sweep: Path, evaluation: str | None = None) -> Run:
     except Exception as err:  # a broken config is a failed run in the table, not a crash
         return Run(name, path, {}, FAILED, f"config.yaml unreadable: {first_line(err)}")
     results = path / "evals" / evaluation if evaluation else path
-    config.update(_evaluation_settings(results) if evaluation else {})
+    if evaluation:  # the run's settings as the evaluation changed them, none stale left over
+        config = _evaluation_settings(results) or config
     run = Run(name, path, config, curves=read_curves(path / "tb"), results=results)
     run.train = read_json(path / "train_summary.json") or {}
     if (path / "failed.json").exists():
