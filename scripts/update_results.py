@@ -21,9 +21,11 @@ STUDIES = (
     "demo",
     "demo_toy",
     "compare17",
+    "extrapolation17",
+    "extrapolation17_rope",
 )
 #: copied into docs/ and linked from the page, not embedded
-LINKED = {"demo", "demo_toy", "compare17"}
+LINKED = {"demo", "demo_toy", "compare17", "extrapolation17", "extrapolation17_rope"}
 
 
 def copy_report(report_dir: Path, docs_dir: Path, roots: tuple[Path, ...] = (ROOT,)) -> None:
