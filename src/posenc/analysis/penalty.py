@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from posenc.analysis.report.runs import DONE, Run, find_run_dirs, load_run
+from posenc.analysis.report.stats import bucket_label
 
 #: a length bucket: (first source length in it, first one past it), in tokens incl. EOS
 Bucket = tuple[int, int]
@@ -101,7 +102,7 @@ def penalty_table(
         raise ValueError(f"no length bucket has {min_sentences} sentences in every run")
     found.sort(key=lambda p: p.by_bucket[columns[-1]])
     lines = [
-        "encoding | " + " | ".join(f"{lo}–{hi - 1}" for lo, hi in columns),
+        "encoding | " + " | ".join(bucket_label(*b) for b in columns),
         "--- | " + " | ".join("---" for _ in columns),
     ]
     for p in found:

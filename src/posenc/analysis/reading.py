@@ -76,12 +76,12 @@ def reading(rows: Sequence[Mapping[str, Any]], splits: Sequence[str]) -> str:
         for r in rows
         if r["section"] == "runs" and r["metric"] == "train_seconds"
     ]
-    if not seconds:
-        budget = "at this budget"
-    elif round(min(seconds)) == round(max(seconds)):
-        budget = f"after {min(seconds):.0f} s of training"
+    if seconds:
+        shortest, longest = f"{min(seconds):.0f}", f"{max(seconds):.0f}"
+        span = shortest if shortest == longest else f"{shortest} to {longest}"
+        budget = f"after {span} s of training"
     else:
-        budget = f"after {min(seconds):.0f} to {max(seconds):.0f} s of training"
+        budget = "at this budget"
     if seeds and min(seeds) == max(seeds):
         n_seeds = "one seed" if seeds[0] == 1 else f"{seeds[0]} seeds"
     else:

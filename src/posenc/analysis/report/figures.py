@@ -18,6 +18,7 @@ from posenc.analysis.report.runs import Curve, Entry, Group
 from posenc.analysis.report.stats import (
     BAR_SCORES,
     bar_values,
+    bucket_label,
     bucket_position,
     error_bar,
     limit_on_axis,
@@ -172,7 +173,7 @@ def plot_buckets(
         for name, per in values.items():
             y = np.array([np.nan if v is None else v for v in per[metric]], dtype=float)
             ax.plot(x, y, markersize=5, lw=1.3, label=name, **styles.get(name, GREY))
-        ax.set_xticks(x, [f"{lo}–{hi - 1}" for lo, hi in edges], rotation=45, fontsize=7)
+        ax.set_xticks(x, [bucket_label(*edge) for edge in edges], rotation=45, fontsize=7)
         ax.set_xlabel("source length (tokens incl. EOS)")
         ax.set_ylabel("BLEU" if metric == "bleu" else "loss (token NLL)")
         ax.grid(alpha=0.3)

@@ -12,6 +12,7 @@ from posenc.analysis.report.render import SECTIONS, Table, Writer, fmt, fmt_stat
 from posenc.analysis.report.runs import FAILED, Entry, Run
 from posenc.analysis.report.stats import (
     SCORES,
+    bucket_label,
     bucket_values,
     length_limits,
     limit_on_axis,
@@ -229,7 +230,7 @@ def section_buckets(
         name: {m: v[offset : offset + len(edges)] for m, v in per.items()}
         for name, per in values.items()
     }
-    header = ["system", *[f"{lo}–{hi - 1} ({sentences[(lo, hi)]})" for lo, hi in edges]]
+    header = ["system", *[f"{bucket_label(*edge)} ({sentences[edge]})" for edge in edges]]
     for metric, digits in (("bleu", 2), ("loss", 4)):
         w.text(
             f"{'BLEU' if metric == 'bleu' else 'Loss'} by source length in tokens "

@@ -207,6 +207,11 @@ def p_value(row: Paired, metric: str) -> float | None:
 # ---------------------------------------------------------------- length buckets
 
 
+def bucket_label(low: int, high: int) -> str:
+    """A length bucket ``[low, high)`` as its first and last length, ``"20–29"``."""
+    return f"{low}–{high - 1}"
+
+
 def bucket_values(
     systems: dict[str, list[Entry]],
 ) -> tuple[list[tuple[int, int]], dict[tuple[int, int], int], dict[str, dict[str, list]]]:
