@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 # CPU machines take torch from local disk with this pin; on a GPU machine use TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
 SWEEP ?= outputs/sweeps/demo
+# test processes (pytest-xdist); each test runs torch on one thread
+TEST_WORKERS ?= 2
 
 .PHONY: help install test test-all lint demo report bench clean
 
@@ -21,10 +23,10 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed  ## create .venv and install posenc with its dependencies
 
 test: install  ## the fast test suite
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS)
 
 test-all: install  ## every test, slow ones included
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m ""
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m ""
 
 lint: install  ## ruff
 	$(VENV)/bin/ruff check src tests scripts train.py

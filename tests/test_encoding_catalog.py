@@ -176,7 +176,7 @@ def plotted(encoding: type[StackEncoding]) -> dict[str, np.ndarray]:
     cfg = OmegaConf.create(
         {
             "model": OmegaConf.load(CONFIGS / "model" / "tiny.yaml"),
-            "pe": {"name": "fake", "_target_": f"{__name__}.{encoding.__name__}"},
+            "pe": {"name": "fake", "_target_": f"{encoding.__module__}.{encoding.__qualname__}"},
         }
     )
     model = build_model(cfg, 40, 0, 1, 2)

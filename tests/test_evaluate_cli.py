@@ -9,6 +9,7 @@ import json
 
 import pytest
 from conftest import SMOKE, compose
+from omegaconf import OmegaConf
 
 from posenc.analysis.report.build import main as report_main
 from posenc.evaluation.standalone import main as evaluate_main
@@ -97,7 +98,7 @@ def test_a_typo_or_a_wrong_type_is_refused_in_one_line(trained, override, expect
 def test_a_run_without_a_checkpoint_or_a_failed_run_says_so(tmp_path):
     untrained = tmp_path / "untrained"
     untrained.mkdir()
-    (untrained / "config.yaml").write_text("seed: 0\neval:\n  checkpoint: best\n")
+    OmegaConf.save(compose(*TRAIN), untrained / "config.yaml", resolve=True)
     with pytest.raises(SystemExit, match="has no checkpoint .*train it first"):
         evaluate_main([f"run_dir={untrained}"])
     (untrained / "failed.json").write_text('{"error": "DataError", "message": "no data"}')

@@ -214,7 +214,7 @@ def test_resuming_under_another_encoding_stops_and_leaves_the_run_untouched(tmp_
         run(compose(*OVERRIDES, "pe=alibi", "trainer.max_steps=4"), run_dir)
     (message,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     last = run_dir / "checkpoints" / "last.pt"
-    assert f"checkpoint {last} was trained with pe.name=rope (now alibi)" in message
+    assert f"{run_dir} holds a run trained with pe.name=rope (now alibi)" in message
     assert "\n" not in message
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()} == before
 

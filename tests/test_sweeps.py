@@ -5,6 +5,7 @@ jobs failed: finished runs return at once, failed and unfinished ones run again.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,10 @@ import pytest
 from conftest import ROOT, SMOKE, compose
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
 
 import posenc.job as cli
+from posenc.runtime.rundir import run_dir_name
 
 
 def launcher(name: str):
@@ -40,17 +43,20 @@ def test_the_slurm_preset_composes_with_the_submitit_schema():
     assert node.submitit_folder == "outputs/sweeps/default/.submitit/%j"  # in the sweep dir
 
 
-def plant_corrupt_checkpoint(run_dir: Path) -> Path:
+def plant_corrupt_checkpoint(run_dir: Path, cfg: DictConfig) -> Path:
+    """The run of ``cfg`` in ``run_dir`` as a kill during a save that damaged ``last.pt`` left
+    it."""
     path = run_dir / "checkpoints" / "last.pt"
     path.parent.mkdir(parents=True)
     path.write_bytes(b"not a checkpoint")
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     return path
 
 
 def test_rerunning_a_sweep_runs_only_the_failed_and_missing_jobs(tmp_path, monkeypatch):
     overrides = (*SMOKE, "trainer.max_steps=4", "trainer.valid_every=2")
     jobs = {pe: tmp_path / f"pe={pe}" for pe in ("nonepe", "rope")}
-    corrupt = plant_corrupt_checkpoint(jobs["rope"])
+    corrupt = plant_corrupt_checkpoint(jobs["rope"], compose(*overrides, "pe=rope"))
     first = {pe: cli.run(compose(*overrides, f"pe={pe}"), d, True) for pe, d in jobs.items()}
     assert first["nonepe"]["step"] == 4 and first["rope"] is None
     failed = json.loads((jobs["rope"] / "failed.json").read_text())
@@ -86,8 +92,13 @@ def test_a_parallel_sweep_rerun_retries_only_the_failed_job(tmp_path):
         f"hydra.sweep.dir={sweep}",
     ]
     suffix = ",trainer.max_steps=4,trainer.valid_every=2"
-    nonepe, rope = sweep / f"pe=nonepe{suffix}", sweep / f"pe=rope{suffix}"
-    corrupt = plant_corrupt_checkpoint(rope)
+    jobs = {}
+    for pe in ("nonepe", "rope"):
+        cfg = compose(*SMOKE, f"pe={pe}", "trainer.max_steps=4", "trainer.valid_every=2")
+        name = run_dir_name(f"pe={pe}{suffix}", OmegaConf.to_container(cfg, resolve=True))
+        jobs[pe] = (sweep / name, cfg)
+    (nonepe, _), (rope, rope_cfg) = jobs["nonepe"], jobs["rope"]
+    corrupt = plant_corrupt_checkpoint(rope, rope_cfg)
 
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]  # the sweep goes on past a failure
@@ -129,7 +140,7 @@ def test_the_lr_search_preset_runs_optuna_trials_and_minimises_the_validation_lo
     trials = sorted(sweep.glob("*,trainer.lr=*"))
     assert len(trials) == 2
     losses = {
-        float(d.name.split("trainer.lr=")[1].split(",")[0]): json.loads(
+        float(re.split("[,@]", d.name.split("trainer.lr=")[1])[0]): json.loads(
             (d / "train_summary.json").read_text()
         )["best_valid_loss"]
         for d in trials

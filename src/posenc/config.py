@@ -10,8 +10,11 @@ without them fails where they are used), and the encodings check their own ``pe`
 
 Identity. Resuming continues training *the same model*: a checkpoint written with other ``pe``,
 ``model`` or ``tokenizer`` settings would otherwise go on training and label its results with
-the new settings. Paths (a vocabulary file's location) are not part of the identity, so a moved
-run directory still resumes.
+the new settings. Paths (a vocabulary file's location) are not part of that identity, so a moved
+run directory still resumes. A run *directory* holds one training identity (every setting but
+budgets, run control and the evaluation's, paths as the real paths they name) and its
+evaluation one evaluation identity (the ``eval`` settings): a result is never returned for
+settings it was not made with.
 
 Overrides to paste. Run directories are named by their overrides (``pe=rope,seed=1``), and
 Hydra's override parser rejects ``=`` and ``,`` in an unquoted value, so a path is printed
@@ -20,9 +23,12 @@ quoted twice: in single quotes for Hydra and the whole override in double quotes
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -44,6 +50,9 @@ RUN_CONTROL_KEYS = frozenset(
         "trainer.resume",
         "trainer.progress",
         "trainer.log_every",
+        "trainer.compile",
+        "trainer.nan_policy",
+        "trainer.nan_skip_limit",
         "eval.splits",
         "logger.csv",
         "logger.mlflow",
@@ -257,6 +266,8 @@ class TrainerConfig(ConfigGroup):
     log_every: int = setting(**POSITIVE)
     precision: str = setting("str", choices=("auto", "fp32", "bf16"))
     nan_policy: str = setting("str", choices=("stop", "skip"))
+    # with a default: a run saved before it existed still composes
+    nan_skip_limit: int = setting(**POSITIVE, default=20)
     resume: str | None = setting("str", optional=True)
     init_from: str | None = setting("str", optional=True)
     progress: bool = setting("bool")
@@ -374,6 +385,13 @@ def check_types(cfg: Mapping) -> None:
 
 IDENTITY_GROUPS = ("pe", "model", "tokenizer")
 PATH_KEYS = frozenset({"tokenizer.vocab_file"})
+#: settings that bound how long a run trains, not what it computes: raising one continues the
+#: same run in the same directory
+BUDGET_KEYS = frozenset({"trainer.max_steps", "trainer.max_time", "trainer.patience"})
+#: settings that name a file or directory: part of a run's identity as the real path they name
+FILE_SETTINGS = frozenset({"data.dir", "tokenizer.vocab_file", "trainer.init_from"})
+#: evaluation settings that change nothing an evaluation reports
+EVAL_RUN_CONTROL = frozenset({"eval.enabled", "eval.bertscore.batch_size"})
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -392,9 +410,48 @@ def identity(config: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in flat.items() if key not in PATH_KEYS}
 
 
-def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``key=saved (now current)`` for every identity setting that differs, names first."""
-    old, new = identity(saved), identity(current)
+def _real_path(value: Any) -> Any:
+    return os.path.realpath(os.path.expanduser(value)) if isinstance(value, str) else value
+
+
+def training_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every flattened setting of a plain config that changes what training computes: all but
+    run control (:data:`RUN_CONTROL_KEYS`, the seed excepted), budgets (:data:`BUDGET_KEYS`),
+    the evaluation (``eval.*``, see :func:`evaluation_identity`), the loggers and Hydra's own;
+    a path as the real path it names. Two runs with the same training identity train the same
+    model, so they share a run directory."""
+    skipped = (RUN_CONTROL_KEYS - {"seed"}) | BUDGET_KEYS
+    return {
+        key: _real_path(value) if key in FILE_SETTINGS else value
+        for key, value in flatten(plain(config)).items()
+        if key not in skipped and not key.startswith(("eval.", "logger.", "hydra."))
+    }
+
+
+def evaluation_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The flattened ``eval.*`` settings of a plain config that change what an evaluation
+    reports (all but :data:`EVAL_RUN_CONTROL`)."""
+    return {
+        key: value
+        for key, value in flatten({"eval": plain(config).get("eval", {})}).items()
+        if key not in EVAL_RUN_CONTROL
+    }
+
+
+def digest(settings: Mapping[str, Any]) -> str:
+    """Eight hex digits that change with any of ``settings`` (a flat mapping)."""
+    text = json.dumps(dict(settings), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def differences(
+    saved: Mapping[str, Any],
+    current: Mapping[str, Any],
+    of: Callable[[Mapping[str, Any]], dict[str, Any]] = identity,
+) -> list[str]:
+    """``key=saved (now current)`` for every setting of ``of`` (default :func:`identity`) that
+    differs, names first."""
+    old, new = of(saved), of(current)
     keys = sorted(set(old) | set(new), key=lambda k: (not k.endswith(".name"), k))
     return [
         f"{key}={old.get(key, '<unset>')} (now {new.get(key, '<unset>')})"

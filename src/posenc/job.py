@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
+from contextlib import ExitStack
 from math import inf
 from pathlib import Path
 from typing import Any
@@ -17,22 +19,61 @@ from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from posenc.config import TrainerConfig, reported_settings
+from posenc.config import (
+    TrainerConfig,
+    differences,
+    evaluation_identity,
+    paste,
+    reported_settings,
+    training_identity,
+)
 from posenc.data.corpus import DataError
-from posenc.evaluation.evaluate import evaluate
+from posenc.evaluation.evaluate import archive_evaluation, evaluate
 from posenc.runtime import distributed
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.device import resolve_device
-from posenc.runtime.rundir import RunDir
+from posenc.runtime.files import LinkRefused, links_leaving
+from posenc.runtime.lock import RunLockedError, run_lock
+from posenc.runtime.rundir import RunDir, check_run_name, run_dir_name
+from posenc.runtime.untrusted import UntrustedFileError, read_config
 from posenc.training.interrupt import TrainingInterrupted
 from posenc.training.loop import TrainingError, train
-from posenc.training.start import RunMismatchError, find_start
+from posenc.training.start import RunMismatchError, Start, find_start
 
 log = logging.getLogger("posenc")
 
-USER_ERRORS = (DataError, CheckpointError, TrainingError, ValueError, FileNotFoundError)
+USER_ERRORS = (
+    DataError,
+    CheckpointError,
+    TrainingError,
+    ValueError,
+    FileNotFoundError,
+    RunLockedError,
+    LinkRefused,
+)
+#: errors about a directory that is not this run's (another run's, another process's, or no
+#: posenc run at all): nothing is written into it, failed.json included
+NOT_OURS = (RunMismatchError, RunLockedError, LinkRefused)
 
-OmegaConf.register_new_resolver("dirname", lambda overrides: overrides or "default", replace=True)
+#: Hydra's files in a run directory, written before a job starts; any other file in a directory
+#: without a config.yaml means it is no posenc run
+HYDRA_FILES = frozenset({".hydra", "train.log"})
+
+
+def _run_name(name: str) -> str:
+    try:
+        return check_run_name(name)
+    except ValueError as err:  # raised in a resolver, Hydra would print pages of traceback
+        raise SystemExit(str(err)) from None
+
+
+def _dirname(overrides: str, *, _root_: DictConfig) -> str:
+    settings = OmegaConf.masked_copy(_root_, [key for key in _root_ if key != "hydra"])
+    return run_dir_name(overrides, OmegaConf.to_container(settings, resolve=True))
+
+
+OmegaConf.register_new_resolver("run_name", _run_name, replace=True)
+OmegaConf.register_new_resolver("dirname", _dirname, replace=True)
 
 
 def _absolute_paths(cfg: DictConfig) -> None:
@@ -80,18 +121,70 @@ def objective(cfg: DictConfig, run_dir: Path) -> float | None:
     if cfg.get("objective") is None:
         return None
     run = RunDir(run_dir)
-    loss = (run.summary() or {}).get("best_valid_loss")
+    try:
+        loss = (run.summary() or {}).get("best_valid_loss")
+    except UntrustedFileError:  # logged by the job already; the search moves away
+        return inf
     return float(loss) if loss is not None and not run.failure_file.exists() else inf
+
+
+def claim(cfg: DictConfig, run_dir: RunDir) -> DictConfig | None:
+    """Check that ``run_dir`` may hold the run of ``cfg`` before anything is written there;
+    returns the config saved there (None for a new run).
+
+    Raises:
+        RunMismatchError: the directory holds a run that trains another model, a config.yaml
+            that cannot be read, or files of something that is no posenc run.
+        LinkRefused: it holds symbolic links leading out of it.
+    """
+    path = run_dir.path
+    leaving = links_leaving(path) if path.is_dir() else []
+    if leaving:
+        raise LinkRefused(
+            f"{leaving[0]} is a symbolic link leading out of the run directory "
+            f"({len(leaving)} such link(s)); posenc writes nothing through them: remove them"
+        )
+    if not run_dir.config.exists():
+        present = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+        foreign = [name for name in present if name not in HYDRA_FILES | {".lock"}]
+        if foreign:
+            raise RunMismatchError(
+                f"{path} holds {foreign[0]} but no config.yaml: it is no posenc run; give this "
+                "run another directory"
+            )
+        return None
+    try:
+        saved = read_config(run_dir.config)
+    except UntrustedFileError as err:
+        raise RunMismatchError(f"{err}; give this run another directory") from None
+    changed = differences(saved, cfg, of=training_identity)
+    if changed:
+        weights = run_dir.last if run_dir.last.exists() else None
+        raise RunMismatchError(
+            f"{path} holds a run trained with {'; '.join(changed[:3])}"
+            f"{' and more' if len(changed) > 3 else ''}; run it with its own settings, or give "
+            "this run another directory (outputs/ names keep them apart)"
+            + (
+                f", fine-tuning from its weights with {paste('trainer.init_from', weights)}"
+                if weights
+                else ""
+            )
+        )
+    return saved
 
 
 def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any] | None:
     """Train and evaluate one configuration in ``run_dir``.
 
-    A run that is already trained and evaluated returns its metrics at once; an unfinished
-    one resumes; a failed one is tried again. A user error (bad data, corrupt checkpoint, NaN
-    loss, impossible config) is logged as one line and recorded in ``failed.json``; a single run
-    then exits with status 1, while a multirun goes on with its other jobs. Under torchrun the
-    ranks train together and rank 0 returns the metrics (the others return None).
+    A run that is already trained and evaluated with the same settings returns its metrics at
+    once; an unfinished one resumes; a failed one is tried again; one trained to the budget but
+    evaluated under other ``eval`` settings is evaluated again (the earlier evaluation moves to
+    ``RUN/evals/``). A directory that holds another run or is no posenc run is refused before
+    anything is written, and so is one another process trains in (``RUN/.lock``). A user error
+    (bad data, corrupt checkpoint, NaN loss, impossible config) is logged as one line and
+    recorded in ``failed.json``; any other exception too, its traceback in ``failed.json``. A
+    single run then exits with status 1, while a multirun goes on with its other jobs. Under
+    torchrun the ranks train together and rank 0 returns the metrics (the others return None).
     """
     directory = RunDir(run_dir)
     try:
@@ -112,38 +205,79 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
 
 def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | None:
     _absolute_paths(cfg)
+    with ExitStack() as held:
+        try:
+            distributed.setup(resolve_device(cfg.device))
+            if distributed.is_main():
+                saved = claim(cfg, run_dir)
+                run_dir.path.mkdir(parents=True, exist_ok=True)
+                held.enter_context(run_lock(run_dir.path, "training"))
+            start = find_start(cfg, run_dir)  # before anything is written: may be another's
+            if distributed.is_main():
+                _archive_other_evaluation(cfg, run_dir, saved)
+                OmegaConf.save(cfg, run_dir.config, resolve=True)
+                run_dir.failure_file.unlink(missing_ok=True)
+            return _train_and_evaluate(cfg, run_dir, start)
+        except USER_ERRORS as err:
+            message = str(err).splitlines()[0] if str(err) else type(err).__name__
+            log.error("%s: %s", type(err).__name__, message)
+            if not isinstance(err, NOT_OURS):
+                _record_failure(run_dir, type(err).__name__, message)
+        except TrainingInterrupted:
+            raise
+        except Exception as err:  # a fault nobody foresaw: one line, the traceback kept
+            message = (str(err).splitlines() or [""])[0]
+            log.error(
+                "unexpected %s: %s (the traceback is in %s)",
+                type(err).__name__,
+                message,
+                run_dir.failure_file,
+            )
+            _record_failure(run_dir, type(err).__name__, message, traceback.format_exc())
+    if multirun:
+        return None  # the sweep goes on; the report lists this run as failed
+    sys.exit(1)
+
+
+def _record_failure(run_dir: RunDir, error: str, message: str, trace: str | None = None) -> None:
+    """``failed.json`` (rank 0), unless the disk is full: then only the log says it."""
+    if not distributed.is_main():
+        return
     try:
-        distributed.setup(resolve_device(cfg.device))
-        start = find_start(cfg, run_dir)  # before anything is written: the run may be another's
-        if distributed.is_main():
-            run_dir.path.mkdir(parents=True, exist_ok=True)
-            OmegaConf.save(cfg, run_dir.config, resolve=True)
-            run_dir.failure_file.unlink(missing_ok=True)
-        done = finished_metrics(cfg, run_dir)
-        if done is not None:
-            log.info("%s is already trained and evaluated; nothing to do", run_dir.path)
-            return done if distributed.is_main() else None
-        summary = train(cfg, run_dir, start)
-        if not distributed.is_main():
-            return None
-        metrics = run_dir.metrics()
-        if metrics is not None and metrics.get("step") == summary["steps"]:
-            log.info("%s is already trained and evaluated; nothing to do", run_dir.path)
-            return metrics
-        if not cfg.eval.enabled:
-            return None
-        metrics = evaluate(cfg, run_dir)
-    except USER_ERRORS as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        log.error("%s: %s", type(err).__name__, message)
-        if distributed.is_main() and not isinstance(err, RunMismatchError):
-            try:
-                run_dir.record_failure(type(err).__name__, message)
-            except OSError as unwritten:  # the disk may be full
-                log.error("could not record the failure in %s: %s", run_dir.failure_file, unwritten)
-        if multirun:
-            return None  # the sweep goes on; the report lists this run as failed
-        sys.exit(1)
+        run_dir.record_failure(error, message, trace)
+    except OSError as unwritten:
+        log.error("could not record the failure in %s: %s", run_dir.failure_file, unwritten)
+
+
+def _archive_other_evaluation(cfg: DictConfig, run_dir: RunDir, saved: DictConfig | None) -> None:
+    """Move the run's own evaluation to ``RUN/evals/`` when it was made under other ``eval``
+    settings than ``cfg``'s (``saved``, the config it was made with), so it is neither
+    returned as this job's answer nor replaced."""
+    if saved is None or run_dir.metrics() is None:
+        return
+    changed = differences(saved, cfg, of=evaluation_identity)
+    if changed:
+        target = archive_evaluation(run_dir, saved)
+        log.info("evaluated before with %s: that evaluation moved to %s", changed[0], target)
+
+
+def _train_and_evaluate(cfg: DictConfig, run_dir: RunDir, start: Start) -> dict[str, Any] | None:
+    """Train from ``start`` to the budget (at once when done), then evaluate unless the
+    evaluation at the last step is there; returns the metrics (rank 0)."""
+    done = finished_metrics(cfg, run_dir)
+    if done is not None:
+        log.info("%s is already trained and evaluated; nothing to do", run_dir.path)
+        return done if distributed.is_main() else None
+    summary = train(cfg, run_dir, start)
+    if not distributed.is_main():
+        return None
+    metrics = run_dir.metrics()
+    if metrics is not None and metrics.get("step") == summary["steps"]:
+        log.info("%s is already trained and evaluated; nothing to do", run_dir.path)
+        return metrics
+    if not cfg.eval.enabled:
+        return None
+    metrics = evaluate(cfg, run_dir)
     _log_hparams(cfg, run_dir, metrics)
     first = next(iter(metrics["splits"].values()), {})
     log.info(

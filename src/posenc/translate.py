@@ -25,6 +25,8 @@ from posenc.evaluation.decode import DecodeSettings, translate
 from posenc.evaluation.evaluate import average_last
 from posenc.evaluation.standalone import check_run_dir, compose_run_config, load_checked
 from posenc.model.seq2seq import Seq2Seq
+from posenc.runtime.checkpoint import CheckpointError
+from posenc.runtime.cli import one_line_errors
 from posenc.runtime.device import resolve_device
 from posenc.runtime.files import write_text
 
@@ -97,8 +99,14 @@ def write_lines(lines: list[str], target: Path | None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m posenc.translate run_dir=RUN [input=FILE] [output=FILE]
-    [KEY=VALUE ...]`` (see the module's doc)."""
-    paths, overrides = parse_args(list(sys.argv[1:] if argv is None else argv))
+    [KEY=VALUE ...]`` (see the module's doc); every error ends it with one line, and the output
+    file is written whole or not at all."""
+    with one_line_errors("posenc.translate", (ValueError, CheckpointError)):
+        _main(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(args: list[str]) -> None:
+    paths, overrides = parse_args(args)
     run_dir = paths["run_dir"]
     check_run_dir(run_dir)
     cfg = compose_run_config(run_dir, overrides)

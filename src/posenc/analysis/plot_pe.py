@@ -46,13 +46,14 @@ from typing import Any
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from omegaconf import OmegaConf
 from torch import Tensor
 
 from posenc.model.attention import MultiHeadAttention, first_calls
 from posenc.model.encodings.base import AttentionCall, AttentionRule, EncodingModule, StackEncoding
 from posenc.model.factory import build_named_model, load_run_model, select_encodings
 from posenc.model.seq2seq import Seq2Seq
+from posenc.runtime.checkpoint import CheckpointError
+from posenc.runtime.untrusted import read_config
 
 ROTARY_SAMPLES = 512
 HEATMAP_HEADS = 4
@@ -419,8 +420,13 @@ def plot_run(
     run_dir: Path, out_dir: Path | None = None, length: int = 128, which: str = "best"
 ) -> tuple[Path, Path]:
     """Draw the trained encoding of a training run directory (its ``which`` checkpoint) to
-    ``OUT/NAME.png`` and ``OUT/NAME.npz``, ``OUT`` defaulting to ``RUN/plots``."""
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    ``OUT/NAME.png`` and ``OUT/NAME.npz``, ``OUT`` defaulting to ``RUN/plots``.
+
+    Raises:
+        UntrustedFileError, DataError, CheckpointError: a file of the run is missing or not
+            what posenc writes (one line naming it).
+    """
+    cfg = read_config(run_dir / "config.yaml")
     _, model, step, path = load_run_model(run_dir, cfg, which, torch.device("cpu"))
     source = f"trained: {path} (step {step})"
     view = encoding_view(cfg.pe.name, length, model, 0, source)
@@ -465,7 +471,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.pe:
             print("plot_pe: give pe=NAME or --run DIR, not both", file=sys.stderr)
             return 2
-        png, npz = plot_run(args.run, args.out, args.length, args.checkpoint)
+        try:
+            png, npz = plot_run(args.run, args.out, args.length, args.checkpoint)
+        except (ValueError, CheckpointError) as err:  # a file of the run, named in one line
+            print(f"plot_pe: {err}", file=sys.stderr)
+            return 2
         print(f"{png} {npz}")
         return 0
     try:

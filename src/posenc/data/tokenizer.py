@@ -32,6 +32,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
@@ -39,6 +40,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 from posenc.config import plain
 from posenc.data.corpora import hub_unreachable
 from posenc.data.corpus import Corpus, DataError, resolve_path
+from posenc.runtime import untrusted
 from posenc.runtime.files import write_text
 
 log = logging.getLogger("posenc.data.tokenizer")
@@ -230,8 +232,46 @@ class WordPieceTokenizer(Tokenizer):
         return text
 
 
+#: the most bytes :func:`load_tokenizer` reads of each file (mBERT's tokenizer.json is ~3 MB)
+MAX_BYTES = {"tokenizer.json": 200_000_000, META_FILE: 1_000_000, KEPT_FILE: 10_000_000}
+STR = untrusted.STR
+#: what ``posenc_tokenizer.json`` must hold (``specials``: a string for each role, pad, bos, ...)
+META_SCHEMA = untrusted.Fields(
+    {
+        "kind": untrusted.one_of("bpe", "mbert"),
+        "name": STR,
+        "specials": untrusted.Fields(dict.fromkeys(BPE_SPECIALS, STR), others=STR),
+    },
+    {"kept_ids_file": untrusted.one_of(KEPT_FILE)},
+)
+
+
+def _read_saved(path: Path, schema: untrusted.Schema | None = None) -> Any:
+    """A file :meth:`Tokenizer.save` wrote, read with a size limit (:data:`MAX_BYTES`): its JSON
+    checked against ``schema``, or without one (``tokenizer.json``) the ``tokenizers`` model.
+
+    Raises:
+        DataError: one line naming the file and what is wrong.
+    """
+    fix = "copy the run's whole tokenizer/ directory or retrain"
+    try:
+        if schema is not None:
+            return untrusted.check(untrusted.read_json(path, MAX_BYTES[path.name]), schema, path)
+        return HFTokenizer.from_str(untrusted.read_text(path, MAX_BYTES[path.name]))
+    except untrusted.UntrustedFileError as err:
+        raise DataError(f"{err.path}: {err.problem}; {fix}") from None
+    except Exception as err:  # the tokenizers library's parse errors are plain Exceptions
+        problem = (str(err).splitlines() or [type(err).__name__])[0]
+        raise DataError(f"{path}: tokenizers cannot read it ({problem}); {fix}") from None
+
+
 def load_tokenizer(directory: Path) -> Tokenizer:
-    """The tokenizer that :meth:`Tokenizer.save` wrote to ``directory``."""
+    """The tokenizer that :meth:`Tokenizer.save` wrote to ``directory``, its files read with size
+    limits and checked (:data:`META_SCHEMA`; the kept ids a list of integers).
+
+    Raises:
+        DataError: a file is missing, too large, or not what :meth:`Tokenizer.save` writes.
+    """
     directory = Path(directory)
     meta_path, model_path = directory / META_FILE, directory / "tokenizer.json"
     if not (meta_path.is_file() and model_path.is_file()):
@@ -239,19 +279,12 @@ def load_tokenizer(directory: Path) -> Tokenizer:
             f"no saved tokenizer in {directory} (need tokenizer.json and {META_FILE}); "
             "point to a run's tokenizer/ directory"
         )
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    backend = HFTokenizer.from_file(str(model_path))
+    meta, backend = _read_saved(meta_path, META_SCHEMA), _read_saved(model_path)
     if meta["kind"] != "mbert":
         return Tokenizer(backend, meta["kind"], meta["name"], meta["specials"])
     kept = None
     if meta.get("kept_ids_file"):
-        kept_path = directory / meta["kept_ids_file"]
-        if not kept_path.is_file():
-            raise DataError(
-                f"{meta_path} names the kept mBERT types {kept_path}, which is missing; "
-                "copy the run's whole tokenizer/ directory"
-            )
-        kept = json.loads(kept_path.read_text(encoding="utf-8"))
+        kept = _read_saved(directory / KEPT_FILE, untrusted.ListOf(untrusted.INT))
     return WordPieceTokenizer(backend, "mbert", meta["name"], meta["specials"], kept)
 
 

@@ -19,6 +19,7 @@ from tokenizers import pre_tokenizers
 from posenc.data.batching import collate
 from posenc.data.tokenizer import Tokenizer
 from posenc.model.seq2seq import Seq2Seq
+from posenc.runtime.files import replacing
 
 #: the token arrays an attention example holds beside its maps
 SOURCE, TARGET = "source_tokens", "target_tokens"
@@ -172,5 +173,6 @@ def plot_attention(maps: dict[str, np.ndarray], title: str, path: Path) -> np.nd
     fig = attention_figure(maps, title)
     fig.canvas.draw()
     image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
-    fig.savefig(path, dpi=100)
+    with replacing(path, "wb") as handle:
+        fig.savefig(handle, dpi=100, format=path.suffix.lstrip(".") or "png")
     return image

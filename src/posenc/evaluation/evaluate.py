@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from posenc.data.corpora import eval_splits, load_corpora
 from posenc.data.corpus import Corpus
@@ -35,7 +35,7 @@ from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime.averaging import last_step_checkpoints
 from posenc.runtime.checkpoint import step_checkpoints
 from posenc.runtime.device import resolve_device
-from posenc.runtime.files import write_json
+from posenc.runtime.files import replacing, write_json, write_text
 from posenc.runtime.rundir import RunDir, as_run_dir
 from posenc.training.losses import sentence_losses
 
@@ -63,8 +63,8 @@ def evaluate_split(
     targets = tokenizer.encode_batch(corpus.tgt)
     ids, seconds = translate(model, tokenizer, sources, decoding, device)
     hypotheses = tokenizer.decode_batch(ids)
-    (out_dir / f"hypotheses.{split}.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    (out_dir / f"references.{split}.txt").write_text("\n".join(corpus.tgt) + "\n", encoding="utf-8")
+    write_text(out_dir / f"hypotheses.{split}.txt", "\n".join(hypotheses) + "\n")
+    write_text(out_dir / f"references.{split}.txt", "\n".join(corpus.tgt) + "\n")
     nll, counts = sentence_losses(model, tokenizer, sources, targets, eval_cfg.batch_tokens, device)
     generated = sum(len(row) + 1 for row in ids)
     result: dict[str, Any] = {
@@ -138,18 +138,21 @@ def kept_for_averaging(cfg: DictConfig, run_dir: RunDir) -> int:
     return max(min(kept, wanted), 1)
 
 
-def archive_evaluation(run_dir: RunDir, step: int) -> Path | None:
-    """Move the run's own evaluation of another step than ``step`` to ``RUN/evals/step=N/``,
-    so a continued run's new evaluation replaces nothing; returns where it went."""
-    previous = run_dir.metrics()
-    if previous is None or previous.get("step") == step:
-        return None
-    target = run_dir.evals / f"step={previous.get('step')}"
-    target.mkdir(parents=True, exist_ok=True)
+def archive_evaluation(run_dir: RunDir, config: DictConfig) -> Path:
+    """Move the run's own evaluation into a new ``RUN/evals/step=N/`` (``step=N.2``, ... when
+    taken), with ``config``, the settings it was made with, as ``eval_config.yaml`` beside it,
+    so that a new evaluation replaces nothing; returns where it went."""
+    step = (run_dir.metrics() or {}).get("step")
+    target = run_dir.evals / f"step={step}"
+    copy = 1
+    while target.exists():
+        copy += 1
+        target = run_dir.evals / f"step={step}.{copy}"
+    target.mkdir(parents=True)
     for pattern in EVALUATION_FILES:
         for path in run_dir.path.glob(pattern):
             path.replace(target / path.name)
-    log.info("the evaluation at step %s moved to %s", previous.get("step"), target)
+    OmegaConf.save(config, target / "eval_config.yaml", resolve=True)
     return target
 
 
@@ -172,8 +175,10 @@ def evaluate(
     tokenizer, model, step, path = loaded
     decoding = DecodeSettings.of(cfg)
     out_dir = run_dir.path if own else out_dir
-    if own:
-        archive_evaluation(run_dir, step)
+    earlier = run_dir.metrics() if own else None
+    if earlier is not None and earlier.get("step") != step:
+        target = archive_evaluation(run_dir, cfg)
+        log.info("the evaluation at step %s moved to %s", earlier.get("step"), target)
     out_dir.mkdir(parents=True, exist_ok=True)
     corpora = load_corpora(cfg.data, with_train=False)
     splits = eval_splits(cfg.eval.splits, corpora)
@@ -238,7 +243,8 @@ def _save_attention_example(
     """Layer-0 attention of the first sentence pair of ``corpus`` -> npz and PNG in
     ``out_dir``; also to the TensorBoard of run ``log_to`` when given."""
     maps = example_attention(model, tokenizer, corpus.src[0], corpus.tgt[0], device)
-    np.savez_compressed(out_dir / "attention.npz", **maps)
+    with replacing(out_dir / "attention.npz", "wb") as handle:
+        np.savez_compressed(handle, **maps)
     image = plot_attention(
         maps,
         f"{cfg.pe.name}: layer-0 attention on '{corpus.src[0][:60]}'",

@@ -1,25 +1,47 @@
 """The standalone evaluation command, ``python -m posenc.evaluation run_dir=PATH [KEY=VALUE ...]``:
-the run's saved config with the overrides applied (typos and wrong types refused), scored into
-``RUN/evals/<overrides>,step=N/`` so it never replaces what training wrote; re-running the same
-evaluation reads the one already there."""
+the run's saved config with the overrides applied (typos, wrong types and changes to the trained
+model refused), scored into ``RUN/evals/<overrides>,step=N/`` so it never replaces what training
+wrote; re-running the same evaluation reads the one already there.
+
+The run directory is untrusted input: its config.yaml is read with limits before Hydra sees it,
+an evaluation is written into a temporary directory renamed into place when complete (Ctrl-C, a
+full disk or an error leave nothing half-written), one evaluation of a run at a time
+(``RUN/evals/.lock``), and an evaluation directory made under other settings than this one's is
+never returned as its answer (this one goes to ``<overrides>,step=N@DIGEST``)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import re
+import shutil
 import sys
+import tempfile
+import traceback
 from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.config import EvalConfig
+from posenc.config import (
+    EvalConfig,
+    differences,
+    digest,
+    evaluation_identity,
+    identity,
+    training_identity,
+)
 from posenc.evaluation.evaluate import average_last, evaluate
 from posenc.model.factory import checkpoint_path, load_run_model
+from posenc.runtime import untrusted
 from posenc.runtime.checkpoint import CheckpointError
+from posenc.runtime.cli import one_line_errors
 from posenc.runtime.device import resolve_device
-from posenc.runtime.files import read_json
+from posenc.runtime.files import links_leaving, write_json
+from posenc.runtime.lock import RunLockedError, run_lock
+from posenc.runtime.rundir import cut_name
+from posenc.runtime.untrusted import UntrustedFileError, read_config
 
 log = logging.getLogger("posenc.evaluation")
 
@@ -47,9 +69,12 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     )
     overrides = [f"++{o}" if o.split("=", 1)[0] in added else o for o in overrides]
     try:
+        saved = read_config(run_dir / "config.yaml")  # limits first: Hydra reads it next
         with initialize_config_dir(str(run_dir.resolve()), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
         check_types(OmegaConf.to_container(cfg, resolve=True))
+    except UntrustedFileError as err:
+        raise SystemExit(f"posenc.evaluation.evaluate: {err}") from None
     except (HydraException, OmegaConfBaseException, ValueError) as err:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         message = lines[0] if lines else type(err).__name__
@@ -58,7 +83,19 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
             unknown = cause[0].replace("is not in struct", "is not in the run's config")
             message = f"{message.rstrip('.')}: {unknown}"
         raise SystemExit(f"posenc.evaluation.evaluate: {message}") from None
+    changed = differences(saved, cfg) + differences(saved, cfg, of=_data)
+    if changed:
+        raise SystemExit(
+            f"posenc.evaluation.evaluate: {changed[0]} is not how {run_dir} was trained: a "
+            "trained model is scored with its own pe, model, tokenizer and data settings (a "
+            "test-time change of pe goes in eval.pe_variants)"
+        )
     return cfg
+
+
+def _data(config: DictConfig) -> dict[str, Any]:
+    """The ``data.*`` settings of :func:`training_identity` (what the model was trained on)."""
+    return {k: v for k, v in training_identity(config).items() if k.startswith("data.")}
 
 
 #: overrides that change how an evaluation runs, never what it scores: left out of its name, so
@@ -66,23 +103,51 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
 NOT_IN_NAME = frozenset({"trainer.progress", "device", "threads"})
 
 
-def evaluation_dir(run_dir: Path, overrides: list[str], step: int) -> Path:
+def evaluation_dir(run_dir: Path, overrides: list[str], step: int, cfg: DictConfig) -> Path:
     """``RUN/evals/<overrides>,step=N``: one directory per distinct standalone evaluation
-    (:data:`NOT_IN_NAME` left out)."""
+    (:data:`NOT_IN_NAME` left out, cut to fit a file name). When that directory holds an
+    evaluation under other settings than ``cfg``'s (the run's config changed since), this one
+    is ``<overrides>,step=N@DIGEST`` instead, the digest of its settings."""
     scored = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in NOT_IN_NAME]
     items = sorted([*scored, f"step={step}"])
     name = re.sub(r"[^\w.=,+\-{}:\[\]]", "_", ",".join(items))
-    return run_dir / "evals" / name
+    settings = {**identity(cfg), **evaluation_identity(cfg)}
+    readable = run_dir / "evals" / cut_name(name, "")
+    if _made_with(readable, cfg) in (None, True):
+        return readable
+    return run_dir / "evals" / cut_name(name, "@" + digest(settings))
+
+
+def _made_with(directory: Path, cfg: DictConfig) -> bool | None:
+    """Whether the evaluation in ``directory`` was made with ``cfg``'s settings (its
+    ``eval_config.yaml``); None when it holds no finished evaluation."""
+    if not (directory / "metrics.json").is_file():
+        return None
+    try:
+        made = read_config(directory / "eval_config.yaml")
+    except UntrustedFileError:
+        return False
+    return not (differences(made, cfg) or differences(made, cfg, of=evaluation_identity))
 
 
 def check_run_dir(run_dir: Path) -> None:
-    """SystemExit (one line) unless ``run_dir`` is a posenc run that did not fail."""
+    """SystemExit (one line) unless ``run_dir`` is a posenc run that did not fail and holds no
+    symbolic link leading out of it."""
     if not (run_dir / "config.yaml").exists():
         raise SystemExit(f"{run_dir / 'config.yaml'} not found: is {run_dir} a posenc run?")
-    failed = read_json(run_dir / "failed.json")
-    if failed is not None:
+    leaving = links_leaving(run_dir)
+    if leaving:
         raise SystemExit(
-            f"{run_dir} failed ({failed.get('error')}: {failed.get('message')}); fix the cause "
+            f"{leaving[0]} is a symbolic link leading out of the run directory; posenc writes "
+            "nothing through them: remove it"
+        )
+    if (run_dir / "failed.json").exists():
+        try:
+            failed = _checked(run_dir / "failed.json", untrusted.check_failure)
+        except UntrustedFileError as err:
+            raise SystemExit(str(err)) from None
+        raise SystemExit(
+            f"{run_dir} failed ({failed['error']}: {failed['message']}); fix the cause "
             "and run its training command again"
         )
 
@@ -111,11 +176,46 @@ def load_checked(run_dir: Path, cfg: DictConfig) -> tuple:
         raise SystemExit(str(err)) from None
 
 
+def _checked(path: Path, check) -> dict[str, Any]:
+    """The JSON object in ``path`` once ``check`` has found its keys and types right."""
+    return check(untrusted.read_json(path), path)
+
+
+def evaluate_into(cfg: DictConfig, run_dir: Path, out_dir: Path, loaded: tuple) -> dict:
+    """Evaluate into a temporary directory beside ``out_dir`` and rename it to ``out_dir`` when
+    complete; on any error or Ctrl-C the temporary directory is removed (an unforeseen error
+    leaves ``out_dir/failed.json`` with its traceback, then propagates). Returns the metrics."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name[:100]}.", dir=out_dir.parent))
+    try:
+        metrics = evaluate(cfg, run_dir, work, loaded)
+        OmegaConf.save(cfg, work / "eval_config.yaml")
+        if out_dir.exists():  # an earlier attempt's failed.json, nothing else
+            shutil.rmtree(out_dir)
+        work.rename(out_dir)
+        return metrics
+    except (SystemExit, KeyboardInterrupt, OSError, ValueError, CheckpointError):
+        raise
+    except Exception as err:
+        out_dir.mkdir(exist_ok=True)
+        write_json(
+            out_dir / "failed.json",
+            {"error": type(err).__name__, "message": str(err), "traceback": traceback.format_exc()},
+        )
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m posenc.evaluation run_dir=PATH [KEY=VALUE ...]``: overrides apply to the run's
     saved config (e.g. ``eval.use_cache=false``, ``eval.splits=[test,long]``); the results go
-    to ``RUN/evals/<overrides>,step=N/``."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    to ``RUN/evals/<overrides>,step=N/``. Every error ends it with one line."""
+    with one_line_errors("posenc.evaluation", (ValueError, CheckpointError, RunLockedError)):
+        _main(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(args: list[str]) -> None:
     run_args = [a for a in args if a.startswith("run_dir=")]
     if len(run_args) != 1:
         raise SystemExit(USAGE)
@@ -125,14 +225,15 @@ def main(argv: list[str] | None = None) -> None:
     cfg = compose_run_config(run_dir, overrides)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     loaded = load_checked(run_dir, cfg)
-    out_dir = evaluation_dir(run_dir, overrides, loaded[2])
-    metrics = read_json(out_dir / "metrics.json")
-    if metrics is not None:
-        log.info("%s holds this evaluation already; delete it to evaluate again", out_dir)
-    else:
-        metrics = evaluate(cfg, run_dir, out_dir, loaded)
-        OmegaConf.save(cfg, out_dir / "eval_config.yaml")
-        log.info("results in %s", out_dir)
+    (run_dir / "evals").mkdir(exist_ok=True)
+    with run_lock(run_dir / "evals", "evaluation"):
+        out_dir = evaluation_dir(run_dir, overrides, loaded[2], cfg)
+        if _made_with(out_dir, cfg):
+            log.info("%s holds this evaluation already; delete it to evaluate again", out_dir)
+            metrics = _checked(out_dir / "metrics.json", untrusted.check_metrics)
+        else:
+            metrics = evaluate_into(cfg, run_dir, out_dir, loaded)
+            log.info("results in %s", out_dir)
     print(
         json.dumps(
             {

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.config import CONFIG_DIR, ModelConfig, plain, reference_encoding
+from posenc.config import CONFIG_DIR, ModelConfig, differences, plain, reference_encoding
 from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.model.encodings import encoding_factory
 from posenc.model.seq2seq import Seq2Seq
@@ -74,11 +74,15 @@ def build_model(cfg: DictConfig, vocab_size: int, pad_id: int, bos_id: int, eos_
 
 
 def checkpoint_path(run_dir: Path, which: str) -> Path:
-    """``RUN/checkpoints/{which}.pt`` (``best`` falls back to ``last``)."""
-    path = run_dir / "checkpoints" / f"{which}.pt"
-    if not path.exists() and which == "best":
-        path = run_dir / "checkpoints" / "last.pt"
-    return path
+    """``RUN/checkpoints/{which}.pt``; for ``best``, the checkpoint that holds the best step
+    (:func:`posenc.runtime.checkpoint.best_checkpoint`: ``best.pt``, or ``last.pt``).
+
+    Raises:
+        CheckpointError: ``best.pt`` is stale and no checkpoint holds the best step (one line).
+    """
+    if which == "best":
+        return checkpoint.best_checkpoint(run_dir / "checkpoints")
+    return run_dir / "checkpoints" / f"{which}.pt"
 
 
 def load_run_model(
@@ -89,22 +93,47 @@ def load_run_model(
     newest ``average_last`` step checkpoints instead (the step and path are the newest one's).
 
     Raises:
-        CheckpointError: a checkpoint is missing or unreadable (one line).
+        CheckpointError: a checkpoint is missing or unreadable, was trained with other ``pe``,
+            ``model`` or ``tokenizer`` settings than ``cfg``'s, or its weights do not fit
+            (one line).
     """
     tokenizer = load_tokenizer(run_dir / "tokenizer")
     if average_last > 1:
         paths = averaging.last_step_checkpoints(run_dir / "checkpoints", average_last)
         path, weights = paths[-1], averaging.averaged_weights(paths)
-        step = int(path.stem.removeprefix("step_"))
+        payload = checkpoint.load(path)
     else:
         path = checkpoint_path(run_dir, which)
         payload = checkpoint.load(path)
-        weights, step = payload["model"], payload["state"]["step"]
+        weights = payload["model"]
+    step = int(payload["state"]["step"])
+    _check_trained_as(path, payload, cfg)
     model = build_model(
         cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
     )
-    model.load_state_dict(weights)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        detail = (str(err).strip().splitlines() or [""])[-1].strip()
+        raise checkpoint.CheckpointError(
+            f"checkpoint {path} does not fit the model of its run's config ({detail[:200]}); "
+            "is config.yaml the run's own?"
+        ) from None
     return tokenizer, model.to(device).eval(), step, path
+
+
+def _check_trained_as(path: Path, payload: dict[str, Any], cfg: DictConfig) -> None:
+    """Refuse (one line) a checkpoint whose stored ``pe``, ``model`` or ``tokenizer`` settings
+    differ from ``cfg``'s: its weights loaded into another model would be scored without a word
+    (``model.n_heads`` changes no weight's shape). A checkpoint saved before it stored them
+    passes."""
+    stored = payload.get("config")
+    changed = differences(stored, plain(cfg)) if isinstance(stored, dict) else []
+    if changed:
+        raise checkpoint.CheckpointError(
+            f"checkpoint {path} was trained with {'; '.join(changed[:3])}; a trained model is "
+            "scored with its own settings (a test-time change of pe goes in eval.pe_variants)"
+        )
 
 
 def variant_model(

@@ -5,6 +5,10 @@ renamed over the old one, so a kill at any moment leaves the previous checkpoint
 becomes ``previous.pt`` (a hard link, so ``last.pt`` is complete at every moment). A kill during
 a save leaves a hidden ``.last.pt.XXXX.tmp`` behind, which :func:`remove_stale` deletes.
 
+At a new best validation, ``best.pt`` becomes a hard link of the ``last.pt`` just written, and
+``last.pt`` records that step as ``best_step``: :func:`best_checkpoint` notices a ``best.pt`` left
+behind by a kill between the two and names the checkpoint that holds the best step.
+
 A checkpoint holds tensors and plain values only (dicts, lists, tuples, numbers, strings), so it
 loads with ``torch.load(..., weights_only=True)``: opening a run someone shared never runs code
 that a crafted pickle would carry; such a file is refused with one line.
@@ -16,6 +20,7 @@ import os
 import pickle
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +50,7 @@ def save_atomic(obj: Any, path: Path, keep_previous: bool = False) -> None:
         with replacing(path, "wb") as handle:
             torch.save(obj, handle)
             if keep_previous and path.exists():
-                _link_over(path, path.with_name(PREVIOUS))
+                link_over(path, path.with_name(PREVIOUS))
     except (OSError, RuntimeError) as err:  # torch reports a short write as a RuntimeError
         raise CheckpointError(_unwritten(path, obj, err)) from err
 
@@ -80,7 +85,7 @@ def tensor_bytes(obj: Any) -> int:
     return 0
 
 
-def _link_over(source: Path, target: Path) -> None:
+def link_over(source: Path, target: Path) -> None:
     """Make ``target`` the same file as ``source`` (a hard link, or a copy where links are not
     supported), replacing ``target`` atomically."""
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -90,6 +95,68 @@ def _link_over(source: Path, target: Path) -> None:
     except OSError:
         shutil.copyfile(source, tmp)
     os.replace(tmp, target)
+
+
+def all_finite(weights: Mapping[str, Any]) -> bool:
+    """Whether every floating-point tensor among the values of ``weights`` (a state dict) is
+    finite (no NaN, no inf); other values are ignored."""
+    return all(
+        bool(torch.isfinite(value).all())
+        for value in weights.values()
+        if isinstance(value, torch.Tensor) and value.is_floating_point()
+    )
+
+
+def saved_state(path: Path) -> dict[str, Any] | None:
+    """The training state (``state``) recorded in the checkpoint ``path``, read cheaply (weights
+    only, memory-mapped: no tensor is copied); None when the file is missing, unreadable or
+    holds no state."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # missing, truncated, foreign or refused: no state to read
+        return None
+    state = payload.get("state") if isinstance(payload, dict) else None
+    return state if isinstance(state, dict) else None
+
+
+def best_checkpoint(checkpoints: Path) -> Path:
+    """The checkpoint of the best validation in ``checkpoints``: ``best.pt`` when it holds the
+    step that ``last.pt`` records as the best (``best_step``); ``last.pt`` when that is its own
+    step while ``best.pt`` holds another or is missing (a kill between writing ``last.pt`` and
+    linking ``best.pt``). Without a recorded best step (no validation yet, a run saved before
+    ``best_step``, an unreadable ``last.pt``): ``best.pt``, else ``last.pt``.
+
+    Raises:
+        CheckpointError: no checkpoint holds the recorded best step (one line).
+    """
+    best, last = checkpoints / "best.pt", checkpoints / "last.pt"
+    recorded = saved_state(last) or {}
+    best_step = _step(recorded, "best_step")
+    if best_step is None:
+        return best if best.exists() else last
+    held = saved_step(best)
+    if held == best_step:
+        return best
+    if _step(recorded, "step") == best_step:
+        return last
+    holds = "is missing or unreadable" if held is None else f"holds step {held}"
+    raise CheckpointError(
+        f"{best} {holds}, but {last} records the best validation at step {best_step} and no "
+        "checkpoint of that step is left (was best.pt replaced by hand?); evaluate with "
+        f"eval.checkpoint=last, or put the checkpoint of step {best_step} back as {best.name}"
+    )
+
+
+def saved_step(path: Path) -> int | None:
+    """The step recorded in the checkpoint ``path``, read cheaply (:func:`saved_state`); None
+    when the file is missing or unreadable."""
+    return _step(saved_state(path) or {}, "step")
+
+
+def _step(state: Mapping[str, Any], key: str) -> int | None:
+    """``state[key]`` when it is an integer (a file may hold anything), else None."""
+    value = state.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def remove_stale(directory: Path) -> list[Path]:
@@ -154,12 +221,13 @@ def step_checkpoints(directory: Path) -> list[Path]:
 
 
 def save_step(payload: dict[str, Any], directory: Path, keep: int) -> Path:
-    """The model weights and training state of ``payload`` (a training checkpoint) as
-    ``directory/step_<step>.pt``, written atomically, for checkpoint averaging; then only the
+    """The model weights, training state and settings of ``payload`` (a training checkpoint)
+    as ``directory/step_<step>.pt``, written atomically, for checkpoint averaging; then only the
     newest ``keep`` of these files are kept. They hold no optimizer state: resume from
     ``last.pt``. Returns the path written."""
     path = directory / f"step_{payload['state']['step']}.pt"
-    save_atomic({"model": payload["model"], "state": payload["state"]}, path)
+    kept = {key: payload[key] for key in ("model", "state", "config") if key in payload}
+    save_atomic(kept, path)
     for old in step_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return path

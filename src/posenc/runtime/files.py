@@ -1,10 +1,16 @@
 """Files a reader may open at any moment: written through a temporary file beside the target and
 renamed over it (``os.replace``), so a reader sees the old file or the new one, never half of
-either; a killed write leaves only a ``.NAME.*.tmp`` file, which nobody reads."""
+either; a killed write leaves only a ``.NAME.*.tmp`` file, which nobody reads.
+
+Files in a run directory that others may write: a replacing write replaces a symbolic link
+instead of writing through it, an appending one (:func:`open_append`, the run's log) refuses a
+link, and :func:`links_leaving` finds the links that would lead a writer out of a directory. A
+file written here gets the permissions of the process's umask, as ``open`` gives them."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +28,7 @@ def replacing(path: Path, mode: str = "w") -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from the group
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
             yield handle
             handle.flush()
@@ -50,3 +57,57 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it and setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+class LinkRefused(OSError):
+    """A file to append to is a symbolic link; the message names it and the fix."""
+
+
+def open_append(path: Path) -> IO[str]:
+    """``path`` opened to append UTF-8 text (created when missing, with the umask's permissions),
+    never through a symbolic link.
+
+    Raises:
+        LinkRefused: ``path`` is a symbolic link (one line naming it and where it points).
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError as err:
+        if path.is_symlink():
+            raise LinkRefused(
+                f"{path} is a symbolic link (to {os.readlink(path)}); posenc writes nothing "
+                "through links in a run directory: remove it"
+            ) from None
+        raise err
+    return os.fdopen(fd, "a", encoding="utf-8", newline="")
+
+
+class RunLogHandler(logging.FileHandler):
+    """Hydra's ``train.log`` handler, appending through :func:`open_append`: a link planted in a
+    run directory ends the command with one line instead of receiving the log."""
+
+    def _open(self) -> IO[str]:
+        try:
+            return open_append(Path(self.baseFilename))
+        except LinkRefused as err:
+            raise SystemExit(str(err)) from None
+
+
+def links_leaving(root: Path) -> list[Path]:
+    """The symbolic links under ``root`` that lead out of it (or nowhere), sorted; ``root``
+    itself may be a link (an ``outputs/`` on another disk)."""
+    top = Path(os.path.realpath(root))
+    found = []
+    for directory, subdirs, files in os.walk(root):
+        for name in subdirs + files:
+            path = Path(directory) / name
+            if path.is_symlink() and not Path(os.path.realpath(path)).is_relative_to(top):
+                found.append(path)
+    return sorted(found)

@@ -41,6 +41,8 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from posenc.runtime.files import open_append
+
 #: the prefix of the metrics' scalar tags (``hparam/valid_loss``, ``hparam/test_bleu``, ...)
 METRIC_PREFIX = "hparam/"
 #: the directory of a sweep's experiment summary: ``hparams-`` and 12 hex digits of its hash
@@ -195,7 +197,7 @@ def experiment(sessions: Sequence[Session], description: str = "") -> api_pb2.Ex
 @contextmanager
 def _locked(root: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``root/.hparams.lock`` (one writer of the summary at a time)."""
-    with open(root / LOCK_FILE, "a") as handle:
+    with open_append(root / LOCK_FILE) as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -2,19 +2,26 @@
 
 ``RUN/config.yaml`` the resolved configuration; ``tokenizer/``; ``checkpoints/{last,previous,
 best}.pt``; ``tb/`` TensorBoard events; ``train_summary.json``; ``metrics.json`` with the
-hypothesis and reference files beside it; ``failed.json`` when the run ended in an error a user
-can fix; ``evals/`` earlier and standalone evaluations. Files a reader may open at any moment are
-written atomically (:mod:`posenc.runtime.files`).
+hypothesis and reference files beside it; ``failed.json`` when the run ended in an error;
+``evals/`` earlier and standalone evaluations; ``.lock`` while a process trains there
+(:mod:`posenc.runtime.lock`). Files a reader may open at any moment are written atomically
+(:mod:`posenc.runtime.files`).
+
+A run directory's name (:func:`run_dir_name`) is its overrides and the digest of everything it
+trains with, so runs that train different models never share one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from posenc.runtime.files import read_json, write_json
+from posenc.config import digest, training_identity
+from posenc.runtime.files import write_json
 from posenc.runtime.sinks import ScalarSink
 from posenc.runtime.tblog import RunLogger
+from posenc.runtime.untrusted import check_metrics, check_summary, read_json
 
 
 class RunDir:
@@ -38,17 +45,33 @@ class RunDir:
     evals = property(lambda self: self.path / "evals")
 
     def summary(self) -> dict[str, Any] | None:
-        """``train_summary.json``, or None when training has not finished."""
-        return read_json(self.summary_file)
+        """``train_summary.json``, or None when training has not finished (the file is missing).
+
+        Raises:
+            UntrustedFileError: the file is there but unreadable or not of posenc's types.
+        """
+        if not self.summary_file.exists():
+            return None
+        return check_summary(read_json(self.summary_file), self.summary_file)
 
     def metrics(self) -> dict[str, Any] | None:
-        """``metrics.json``, or None when the run is not evaluated."""
-        return read_json(self.metrics_file)
+        """``metrics.json``, or None when the run is not evaluated (the file is missing).
 
-    def record_failure(self, error: str, message: str) -> None:
-        """``failed.json``: the error's type and its one-line message."""
+        Raises:
+            UntrustedFileError: the file is there but unreadable or not of posenc's types.
+        """
+        if not self.metrics_file.exists():
+            return None
+        return check_metrics(read_json(self.metrics_file), self.metrics_file)
+
+    def record_failure(self, error: str, message: str, trace: str | None = None) -> None:
+        """``failed.json``: the error's type, its one-line message and, for an error nobody
+        foresaw, its traceback."""
         self.path.mkdir(parents=True, exist_ok=True)
-        write_json(self.failure_file, {"error": error, "message": message})
+        failure = {"error": error, "message": message}
+        if trace is not None:
+            failure["traceback"] = trace
+        write_json(self.failure_file, failure)
 
     def logger(
         self,
@@ -73,3 +96,52 @@ class RunDir:
 def as_run_dir(run_dir: Path | RunDir) -> RunDir:
     """``run_dir`` itself, or a :class:`RunDir` of a path."""
     return run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+
+
+#: the longest run directory name in bytes (file systems refuse names over 255); a longer list of
+#: overrides is cut, and the digest at the end keeps such runs apart
+MAX_NAME_BYTES = 200
+
+
+def check_run_name(name: Any) -> str:
+    """``name`` when it can name a directory under ``outputs/runs/`` and ``outputs/sweeps/``.
+
+    Raises:
+        ValueError: one line: ``name`` is empty, has a path separator, is ``.``/``..``, has
+            control characters or is too long.
+    """
+    text = str(name)
+    if (
+        not text
+        or text in (".", "..")
+        or "/" in text
+        or any(ord(c) < 32 for c in text)
+        or len(text.encode()) > MAX_NAME_BYTES // 2
+    ):
+        raise ValueError(
+            f"name={text!r} cannot name a directory under outputs/: use letters, digits, '-', '_' "
+            f"and '.' (no '/' or '..', at most {MAX_NAME_BYTES // 2} bytes)"
+        )
+    return text
+
+
+def run_dir_name(overrides: str, config: Mapping[str, Any]) -> str:
+    """A run's directory name: its command-line overrides (Hydra's ``override_dirname``, or
+    ``default``), path separators escaped as ``%2F`` and cut to fit, then ``@`` and the
+    :func:`digest` of its :func:`training_identity`: runs that train different models never share
+    a directory, whatever the overrides spell (a setting left out of them, a changed default),
+    and a rerun with a raised budget finds its own."""
+    readable = (overrides or "default").replace("%", "%25").replace("/", "%2F")
+    readable = "".join(c if ord(c) >= 32 else "_" for c in readable)
+    return cut_name(readable, "@" + digest(training_identity(config)))
+
+
+def cut_name(readable: str, suffix: str) -> str:
+    """``readable + suffix`` within :data:`MAX_NAME_BYTES`; a longer ``readable`` is cut and
+    marked ``+more`` and, when ``suffix`` is empty, the digest of the whole name follows it so
+    that names cut alike stay apart."""
+    if len(readable.encode()) + len(suffix) <= MAX_NAME_BYTES:
+        return readable + suffix
+    suffix = suffix or "@" + digest({"name": readable})
+    room = MAX_NAME_BYTES - len(suffix) - len("+more")
+    return readable.encode()[:room].decode(errors="ignore") + "+more" + suffix

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from posenc.config import LoggerConfig
-from posenc.runtime.files import read_json, replacing, write_json
+from posenc.runtime.files import open_append, read_json, replacing, write_json
 
 TIME_PREFIX = "time/"
 CSV_FIELDS = ("tag", "step", "value", "wall_time")
@@ -51,7 +51,7 @@ class CsvSink:
                 writer = csv.writer(handle)
                 writer.writerow(CSV_FIELDS)
                 writer.writerows(kept)
-        self._handle = path.open("a", newline="", encoding="utf-8")
+        self._handle = open_append(path)
         self._writer = csv.writer(self._handle)
         if kept is None:
             self._writer.writerow(CSV_FIELDS)

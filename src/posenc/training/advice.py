@@ -3,24 +3,95 @@ each message names the problem and the setting that fixes it."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from posenc.config import TrainerConfig, paste
+from posenc.runtime import checkpoint
 from posenc.training.start import TrainState
 
+#: the checkpoints a run can resume from after a NaN, newest first on the same step
+RESUMABLE = ("last.pt", "previous.pt", "best.pt")
 
-def nan_message(step_loss: float, step: int, last: Path) -> str:
-    """What to do when the loss of optimizer step ``step`` is not finite."""
-    if last.exists():
+
+def nan_loss(step_loss: float, step: int, checkpoints: Path) -> str:
+    """What to do when the loss of optimizer step ``step`` is not finite
+    (``trainer.nan_policy=stop``)."""
+    return nan_message(
+        f"loss became {step_loss} at step {step}",
+        "lower trainer.lr or set trainer.nan_policy=skip",
+        checkpoints,
+    )
+
+
+def skip_limit(step_loss: float, step: int, skipped: int, checkpoints: Path) -> str:
+    """What to do when ``skipped`` batches in a row, the last at step ``step``, had a loss
+    that is not finite (``trainer.nan_policy=skip`` reached ``trainer.nan_skip_limit``)."""
+    return nan_message(
+        f"loss was {step_loss} in {skipped} batches in a row at step {step} "
+        f"(trainer.nan_skip_limit={skipped})",
+        "lower trainer.lr",
+        checkpoints,
+    )
+
+
+def nan_validation(loss: float, step: int, checkpoints: Path) -> str:
+    """What to do when the validation loss at step ``step`` is not finite (nothing saved)."""
+    return nan_message(
+        f"validation loss became {loss} at step {step}", "lower trainer.lr", checkpoints
+    )
+
+
+def nan_weights(step: int, checkpoints: Path) -> str:
+    """What to do when the weights at step ``step`` are not all finite (nothing saved)."""
+    return nan_message(
+        f"the weights are not all finite at step {step}, so they are not saved",
+        "lower trainer.lr",
+        checkpoints,
+    )
+
+
+def nan_message(problem: str, fixes: str, checkpoints: Path) -> str:
+    """``problem`` (what went non-finite, and at which step) and ``fixes`` (the settings to
+    change), then where to go on from: the checkpoint of :func:`finite_checkpoint`, as an
+    override to paste, or that there is none."""
+    if not any((checkpoints / name).exists() for name in RESUMABLE):
+        return f"{problem}, before any checkpoint; {fixes}"
+    path = finite_checkpoint(checkpoints)
+    if path is None:
         return (
-            f"loss became {step_loss} at step {step}; lower trainer.lr or set "
-            f"trainer.nan_policy=skip, with {paste('trainer.resume', last)} to go on from the "
-            "last good checkpoint"
+            f"{problem}; no checkpoint in {checkpoints} is finite to resume from: {fixes} and "
+            f"start over (delete {checkpoints}, or train under another name=)"
         )
     return (
-        f"loss became {step_loss} at step {step}, before any checkpoint; lower trainer.lr or "
-        "set trainer.nan_policy=skip"
+        f"{problem}; {fixes}, with {paste('trainer.resume', path)} to go on from the newest "
+        "finite checkpoint"
     )
+
+
+def finite_checkpoint(checkpoints: Path) -> Path | None:
+    """The newest (highest step; in the order of :data:`RESUMABLE` on a tie) of the
+    checkpoints in ``checkpoints`` whose weights are all finite and whose recorded validation
+    losses are finite; None when none is. Loads each one in full: for error paths only."""
+    found = []
+    for rank, name in enumerate(RESUMABLE):
+        step = _finite_step(checkpoints / name)
+        if step is not None:
+            found.append((step, -rank, checkpoints / name))
+    return max(found)[2] if found else None
+
+
+def _finite_step(path: Path) -> int | None:
+    """The step of the checkpoint ``path`` when it loads and is finite, else None."""
+    try:
+        payload = checkpoint.load(path)
+        state, weights = payload["state"], dict(payload["model"])
+        losses = [float(point["valid_loss"]) for point in state["history"]]
+        step = int(state["step"])
+    except (checkpoint.CheckpointError, KeyError, TypeError, ValueError):
+        return None
+    finite = checkpoint.all_finite(weights) and all(map(math.isfinite, losses))
+    return step if finite else None
 
 
 def sanity_warnings(state: TrainState, trainer: TrainerConfig) -> list[str]:

@@ -43,7 +43,7 @@ from posenc.runtime.files import write_json
 from posenc.runtime.rundir import RunDir, as_run_dir
 from posenc.runtime.sinks import open_sinks
 from posenc.runtime.tblog import RunLogger
-from posenc.training.advice import nan_message, sanity_warnings
+from posenc.training import advice
 from posenc.training.inputs import EncodedData, prepare
 from posenc.training.interrupt import StopRequests, TrainingInterrupted, resume_command
 from posenc.training.losses import token_loss, validation_loss
@@ -55,6 +55,7 @@ from posenc.training.start import (
     checkpoint_payload,
     find_start,
     rank_seed,
+    repair_best,
 )
 from posenc.training.steplog import StepWindow, log_line
 
@@ -103,6 +104,7 @@ class Training:
     world: int
     saved_step: int  # the step of the newest checkpoint
     window: StepWindow = field(default_factory=StepWindow)
+    skipped_in_a_row: int = 0  # batches skipped in a row since the last step (nan_policy=skip)
 
     def budget_spent(self) -> bool:
         """The step or time budget is spent, or early stopping ended the run."""
@@ -200,6 +202,8 @@ def set_up(cfg: DictConfig, run_dir: RunDir, start: Start | None) -> Training:
         ),
     )
     state = begin(start, model, optimizer, scheduler, trainer, world)
+    if main:
+        repair_best(start, state, run_dir)
     if rank > 0:
         torch.manual_seed(rank_seed(cfg.seed, rank, state.step))
     trained = model
@@ -328,12 +332,9 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     loss_sum, nll_sum = distributed.all_reduce([loss_sum, nll_sum], device)
     step_loss = loss_sum / n_tokens
     if not math.isfinite(step_loss):
-        if trainer.nan_policy != "skip":
-            raise TrainingError(nan_message(step_loss, state.step + 1, run.run_dir.last))
-        state.skipped_batches += 1
-        run.optimizer.zero_grad(set_to_none=True)
-        log.warning("step %d: loss is %s; batch skipped", state.step + 1, step_loss)
+        skip_or_stop(run, step_loss)
         return False
+    run.skipped_in_a_row = 0
     reporting = (state.step + 1) % trainer.log_every == 0
     grad_norm = None
     if trainer.clip_norm or reporting:  # the norm before clipping; inf clips nothing
@@ -357,6 +358,21 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     return True
 
 
+def skip_or_stop(run: Training, step_loss: float) -> None:
+    """Skip and count a batch whose loss is not finite (``trainer.nan_policy=skip``); raise
+    :class:`TrainingError` under ``nan_policy=stop`` or once ``trainer.nan_skip_limit`` batches
+    in a row were skipped (naming the step and the newest finite checkpoint)."""
+    trainer, step, checkpoints = run.trainer, run.state.step + 1, run.run_dir.checkpoints
+    if trainer.nan_policy != "skip":
+        raise TrainingError(advice.nan_loss(step_loss, step, checkpoints))
+    run.state.skipped_batches += 1
+    run.skipped_in_a_row += 1
+    run.optimizer.zero_grad(set_to_none=True)
+    if run.skipped_in_a_row >= trainer.nan_skip_limit:
+        raise TrainingError(advice.skip_limit(step_loss, step, run.skipped_in_a_row, checkpoints))
+    log.warning("step %d: loss is %s; batch skipped", step, step_loss)
+
+
 def _report(run: Training, grad_norm: float | None) -> None:
     """The window's means to ``train.log``, TensorBoard and the progress bar."""
     values = run.window.report(run.scheduler.get_last_lr()[0], grad_norm)
@@ -371,8 +387,9 @@ def _report(run: Training, grad_norm: float | None) -> None:
 
 def validate(run: Training) -> None:
     """Rank 0 computes the validation loss, logs it and checkpoints (``best.pt`` too when it is
-    the best so far); the other ranks wait, so no rank counts this wait as training time."""
-    state = run.state
+    the best so far); the other ranks wait, so no rank counts this wait as training time. A loss
+    that is not finite saves nothing and raises :class:`TrainingError` on every rank."""
+    state, loss = run.state, 0.0
     if run.logger is not None:
         loss = validation_loss(
             run.model,
@@ -383,7 +400,12 @@ def validate(run: Training) -> None:
             run.device,
             run.amp,
         )
+    loss = distributed.all_reduce([loss], run.device)[0]  # rank 0's loss, on every rank
+    if not math.isfinite(loss):
+        raise TrainingError(advice.nan_validation(loss, state.step, run.run_dir.checkpoints))
+    if run.logger is not None:
         best = loss < state.best_valid_loss
+        state.best_step = state.step if best else state.best_step
         state.best_valid_loss = min(loss, state.best_valid_loss)
         state.validations_since_best = 0 if best else state.validations_since_best + 1
         state.history.append(
@@ -423,14 +445,17 @@ def _stop_early(run: Training) -> None:
 
 
 def save(run: Training, best: bool) -> None:
-    """``last.pt`` (the one before kept as ``previous.pt``), and ``best.pt`` when ``best``;
-    with ``eval.average_last=N`` > 1 and a validated step also the weights as
-    ``step_<step>.pt``, the newest N kept (evaluation averages them)."""
+    """``last.pt`` (the one before kept as ``previous.pt``), and ``best.pt`` when ``best`` (a
+    hard link of that ``last.pt``); with ``eval.average_last=N`` > 1 and a validated step also
+    the weights as ``step_<step>.pt``, the newest N kept (evaluation averages them). Weights
+    that are not all finite are never saved: :class:`TrainingError` naming the step."""
+    if not checkpoint.all_finite(run.model.state_dict()):
+        raise TrainingError(advice.nan_weights(run.state.step, run.run_dir.checkpoints))
     run.saved_step = run.state.step
     payload = checkpoint_payload(run.model, run.optimizer, run.scheduler, run.state, run.cfg)
     checkpoint.save_atomic(payload, run.run_dir.last, keep_previous=True)
     if best:
-        checkpoint.save_atomic(payload, run.run_dir.best)
+        checkpoint.link_over(run.run_dir.last, run.run_dir.best)
     keep = run.cfg.eval.get("average_last", 1)
     if keep > 1 and _validated_at(run.state, run.state.step):
         checkpoint.save_step(payload, run.run_dir.checkpoints, keep)
@@ -460,7 +485,7 @@ def finish(run: Training) -> dict[str, Any]:
         "train_pairs": len(run.data.train_src),
     }
     if run.logger is not None:
-        for warning in sanity_warnings(state, run.trainer):
+        for warning in advice.sanity_warnings(state, run.trainer):
             log.warning(warning)
         save(run, best=False)
         write_json(run.run_dir.summary_file, summary)

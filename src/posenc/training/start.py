@@ -135,6 +135,7 @@ class TrainState:
     validations_since_best: int = 0  # validations in a row that did not improve on the best
     stopped_early: bool = False  # trainer.patience ended the run
     world_size: int = 1  # processes that trained together (batch_in_epoch counts one's batches)
+    best_step: int | None = None  # the step of the best validation (None: none yet, or older run)
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -165,6 +166,7 @@ def begin(
             state.step,
             state.train_seconds,
         )
+        _peak_lr(scheduler, trainer.lr)
     if state.world_size != world:  # resumed with another number of processes: same place
         state.batch_in_epoch = state.batch_in_epoch * state.world_size // world
         state.world_size = world
@@ -179,3 +181,43 @@ def begin(
     ):
         state.finished = False  # the budget was raised: go on
     return state
+
+
+def _peak_lr(scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float) -> None:
+    """Go on under the peak learning rate ``lr`` (``trainer.lr``): a restored schedule keeps the
+    one it was saved with, which would ignore a ``trainer.lr`` lowered to resume after a NaN."""
+    if all(base == lr for base in scheduler.base_lrs):
+        return
+    log.info(
+        "trainer.lr is %g now (%g in the checkpoint): the schedule goes on from it",
+        lr,
+        scheduler.base_lrs[0],
+    )
+    scheduler.base_lrs = [lr] * len(scheduler.base_lrs)
+    for group, factor in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"] = lr
+        group["lr"] = lr * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
+def repair_best(start: Start, state: TrainState, run_dir: RunDir) -> None:
+    """Link ``best.pt`` to ``last.pt`` again when the run resumes from its own ``last.pt``, which
+    records its step as the best, while ``best.pt`` holds another step or is missing: a kill
+    between writing ``last.pt`` and linking ``best.pt`` (rank 0 only)."""
+    resumed_last = (
+        start.path is not None
+        and not start.fine_tune
+        and start.path.resolve() == run_dir.last.resolve()
+    )
+    if not resumed_last or state.best_step != state.step:
+        return
+    held = checkpoint.saved_step(run_dir.best)
+    if held != state.step:
+        checkpoint.link_over(run_dir.last, run_dir.best)
+        log.info(
+            "%s held step %s, but the best validation was at step %d: linked it to %s again",
+            run_dir.best,
+            held,
+            state.step,
+            run_dir.last,
+        )

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Protocol, Self
 
 import torch
-from hydra.utils import get_class
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -31,6 +30,7 @@ from posenc.analysis.bench.measure import (
     timed,
 )
 from posenc.config import CONFIG_DIR, reference_encoding
+from posenc.model.encodings import encoding_class
 from posenc.model.factory import PAD_ID, build_named_model
 from posenc.model.seq2seq import Seq2Seq, count_parameters
 from posenc.runtime.device import keep_freed_memory
@@ -295,7 +295,9 @@ def speed_target(name: str, config_dir: Path = CONFIG_DIR) -> float | None:
     """The :attr:`StackEncoding.speed_target` of the class ``configs/pe/NAME.yaml`` builds (None:
     no target, or no such config)."""
     path = config_dir / "pe" / f"{name}.yaml"
-    return get_class(OmegaConf.load(path)._target_).speed_target if path.exists() else None
+    if not path.exists():
+        return None
+    return encoding_class(OmegaConf.load(path)._target_, name).speed_target
 
 
 def target_verdict(

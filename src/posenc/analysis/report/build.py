@@ -28,7 +28,10 @@ from posenc.analysis.report.sections_by_encoding import (
 )
 from posenc.analysis.report.sections_by_split import split_sections
 from posenc.analysis.report.stats import system_order
+from posenc.runtime.cli import one_line_errors
+from posenc.runtime.files import write_text
 from posenc.runtime.hparams import write_sweep_experiment
+from posenc.runtime.untrusted import UntrustedFileError
 
 
 @dataclass
@@ -82,6 +85,11 @@ def build_report(
         raise ReportError(f"{sweep} is not a directory")
     if samples < 1:
         raise ReportError(f"--bootstrap must be a positive number of resamples, not {samples}")
+    if out is None and (sweep / "report").is_symlink():
+        raise ReportError(
+            f"{sweep / 'report'} is a symbolic link; the report writes nothing through links in "
+            "a sweep: remove it or choose a directory with --out"
+        )
     out = out.expanduser().resolve() if out else sweep / "report"
     runs = [load_run(path, sweep, evaluation) for path in find_run_dirs(sweep, out)]
     if not runs:
@@ -109,7 +117,7 @@ def build_report(
     section_attention(w, groups)
     summary = reading(w.rows, splits)
     w.lines[top:top] = ["## Reading", "", summary, ""]
-    (out / "reading.txt").write_text(summary + "\n", encoding="utf-8")
+    write_text(out / "reading.txt", summary + "\n")
     return Report(w.save(), summary, scores)
 
 
@@ -143,12 +151,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the encoding cost ratios are measured against (default: the runs' reference_pe)",
     )
     args = parser.parse_args(argv)
-    try:
-        report = build_report(
-            args.sweep, args.out, args.split, args.bootstrap, args.eval, args.reference
-        )
-    except ReportError as err:
-        raise SystemExit(f"error: {err}") from None
+    with one_line_errors("report", known=(UntrustedFileError,)):
+        try:
+            report = build_report(
+                args.sweep, args.out, args.split, args.bootstrap, args.eval, args.reference
+            )
+        except ReportError as err:
+            raise SystemExit(f"error: {err}") from None
     print(scores_summary(report.scores))
     print()
     print(report.reading + "\n")

@@ -190,17 +190,26 @@ def plot_buckets(
 # ---------------------------------------------------------------- attention maps
 
 
+#: the most bytes an ``attention.npz`` of a run directory may unpack to (a layer-0 example map
+#: is far smaller; a compressed file can claim gigabytes)
+MAX_ATTENTION_BYTES = 64 * 2**20
+
+
 def render_attention(npz: Path, title: str, target: Path) -> None:
     """Draw an ``attention.npz`` as the PNG ``target``: its maps (``(H, Lq, Lk)`` per site;
     leading axes beyond three take their first element, a 2-D map is one head) with the
     tokens it holds on the axes (positions when it holds none) and a colour bar per site.
 
     Raises:
-        ValueError: the file holds no maps, or one that is not 2-D or more.
+        ValueError: the file holds no maps, one that is not 2-D or more, or unpacks to more than
+            :data:`MAX_ATTENTION_BYTES`.
     """
     from posenc.evaluation.attention_maps import TOKEN_KEYS, plot_attention
 
-    with np.load(npz) as data:
+    with np.load(npz) as data:  # arrays only: a pickled object in it is refused
+        unpacked = sum(info.file_size for info in data.zip.infolist())
+        if unpacked > MAX_ATTENTION_BYTES:
+            raise ValueError(f"it unpacks to {unpacked:,} bytes (at most {MAX_ATTENTION_BYTES:,})")
         maps = {}
         for key in data.files:
             if key in TOKEN_KEYS:

@@ -16,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from posenc.analysis.report.stats import Stats
+from posenc.runtime.files import replacing, write_text
 
 #: the report's sections, in order (``## TITLE`` headings, after the reading)
 SECTIONS = (
@@ -83,17 +84,18 @@ class Writer:
 
     def figure(self, fig: Figure, name: str, caption: str) -> None:
         """Save ``fig`` as ``out/name`` and show it in the report."""
-        fig.savefig(self.out / name, dpi=110)
+        with replacing(self.out / name, "wb") as handle:
+            fig.savefig(handle, dpi=110, format=Path(name).suffix.lstrip("."))
         self.text(f"![{caption}]({name})")
 
     def save(self) -> Path:
         """Write ``report.md`` and ``report.csv``; returns the path of ``report.md``."""
-        with open(self.out / "report.csv", "w", newline="", encoding="utf-8") as handle:
+        with replacing(self.out / "report.csv") as handle:
             writer = csv.DictWriter(handle, CSV_COLUMNS)
             writer.writeheader()
             writer.writerows(self.rows)
         path = self.out / "report.md"
-        path.write_text("\n".join(self.lines).rstrip() + "\n", encoding="utf-8")
+        write_text(path, "\n".join(self.lines).rstrip() + "\n")
         return path
 
 

@@ -5,7 +5,7 @@ and split."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,17 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from posenc.config import RUN_CONTROL_KEYS, flatten, reference_encoding
-from posenc.runtime.files import read_json
+from posenc.runtime.untrusted import (
+    INT,
+    Fields,
+    UntrustedFileError,
+    check,
+    check_failure,
+    check_metrics,
+    check_summary,
+    read_config,
+    read_json,
+)
 
 DONE, FAILED, UNFINISHED = "done", "failed", "unfinished"
 #: the TensorBoard tags of the learning curves: the validation loss against steps and against
@@ -145,32 +155,64 @@ def find_run_dirs(sweep: Path, out: Path) -> list[Path]:
     return found
 
 
+#: the settings the report turns into numbers (``pe.name``, a string, is checked by
+#: :func:`read_config`)
+REPORTED_SETTINGS = Fields({}, {"seed": INT})
+
+
 def load_run(path: Path, sweep: Path, evaluation: str | None = None) -> Run:
-    """Read one run directory; its status is failed (``failed.json`` or unreadable files), done
-    (``metrics.json``) or unfinished, and ``message`` says why. Scores come from the run's own
-    evaluation, or from its standalone evaluation ``RUN/evals/<evaluation>/`` when one is named."""
+    """Read one run directory; its status is failed (``failed.json``, or a file that is
+    unreadable or not what posenc writes: :mod:`posenc.runtime.untrusted`), done
+    (``metrics.json``) or unfinished, and ``message`` says why in one line. Scores come from the
+    run's own evaluation, or from its standalone evaluation ``RUN/evals/<evaluation>/`` when one
+    is named. A failed run carries no scores and no training summary."""
     name = str(path.relative_to(sweep)) if path != sweep else path.name
     try:
-        config = flatten(OmegaConf.to_container(OmegaConf.load(path / "config.yaml")))
-    except Exception as err:  # a broken config is a failed run in the table, not a crash
-        return Run(name, path, {}, FAILED, f"config.yaml unreadable: {first_line(err)}")
+        config = _settings(path / "config.yaml")
+    except UntrustedFileError as err:  # a broken config is a failed run in the table, not a crash
+        return Run(name, path, {}, FAILED, str(err))
     results = path / "evals" / evaluation if evaluation else path
-    if evaluation:  # the run's settings as the evaluation changed them, none stale left over
-        config = _evaluation_settings(results) or config
     run = Run(name, path, config, curves=read_curves(path / "tb"), results=results)
-    run.train = read_json(path / "train_summary.json") or {}
-    if (path / "failed.json").exists():
-        info = read_json(path / "failed.json") or {}
-        run.status = FAILED
-        error, message = info.get("error", "error"), info.get("message", "failed.json unreadable")
-        run.message = f"{error}: {message}"
-    elif (results / "metrics.json").exists():
-        metrics = read_json(results / "metrics.json")
-        if metrics is None:
-            run.status, run.message = FAILED, "metrics.json unreadable"
-        else:
-            run.status, run.metrics = DONE, metrics
-            run.train = metrics.get("train") or run.train
+    try:
+        if evaluation:  # the run's settings as the evaluation changed them, none stale left over
+            run.config = _evaluation_settings(results) or config
+        _read_status(run, evaluation)
+    except UntrustedFileError as err:
+        run.status, run.message, run.metrics, run.train = FAILED, str(err), {}, {}
+    return run
+
+
+def _settings(config_file: Path) -> dict[str, Any]:
+    """The flattened settings of a ``config.yaml`` or ``eval_config.yaml``.
+
+    Raises:
+        UntrustedFileError: the file is unreadable, not posenc's, or a setting the report reads
+            is of the wrong type.
+    """
+    settings = flatten(OmegaConf.to_container(read_config(config_file)))
+    return check(settings, REPORTED_SETTINGS, config_file)
+
+
+def _read_json(path: Path, checked: Callable[[Any, Path], dict]) -> dict[str, Any] | None:
+    """``path``'s JSON passed through ``checked`` (a ``check_*`` function), None when missing."""
+    return checked(read_json(path), path) if path.exists() else None
+
+
+def _read_status(run: Run, evaluation: str | None) -> None:
+    """Set ``run``'s training summary, status, message and metrics from its files.
+
+    Raises:
+        UntrustedFileError: one of them is unreadable or not what posenc writes.
+    """
+    run.train = _read_json(run.path / "train_summary.json", check_summary) or {}
+    failure = _read_json(run.path / "failed.json", check_failure)
+    if failure is not None:
+        run.status, run.message = FAILED, f"{failure['error']}: {failure['message']}"
+        return
+    metrics = _read_json(run.results / "metrics.json", check_metrics)
+    if metrics is not None:
+        run.status, run.metrics = DONE, metrics
+        run.train = metrics.get("train") or run.train
     elif run.train:
         run.message = (
             f"trained, no evaluation {evaluation}" if evaluation else "trained, not evaluated"
@@ -179,18 +221,19 @@ def load_run(path: Path, sweep: Path, evaluation: str | None = None) -> Run:
         run.message = f"running or interrupted; last validation at step {run.last_step}"
     else:
         run.message = "running or interrupted; nothing logged yet"
-    return run
 
 
 def _evaluation_settings(results: Path) -> dict[str, Any]:
     """The flattened settings a standalone evaluation in ``results`` ran under
     (``eval_config.yaml``: the run's config with the evaluation's overrides), so the report
     states the decoding it scored (``eval.beam_size=5``), not the training run's; empty when
-    the file is missing or unreadable."""
-    try:
-        return flatten(OmegaConf.to_container(OmegaConf.load(results / "eval_config.yaml")))
-    except Exception:  # an evaluation without its config: the run's own settings stand
-        return {}
+    the file is missing (the run's own settings stand).
+
+    Raises:
+        UntrustedFileError: the file is there but unreadable or not posenc's.
+    """
+    config_file = results / "eval_config.yaml"
+    return _settings(config_file) if config_file.exists() else {}
 
 
 def reference_of(runs: Sequence[Run], override: str | None = None) -> str:

@@ -4,12 +4,11 @@ encoding) and 7. Attention maps."""
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from posenc.analysis.report.figures import plot_curves, render_attention
+from posenc.analysis.report.figures import MAX_ATTENTION_BYTES, plot_curves, render_attention
 from posenc.analysis.report.render import SECTIONS, Writer, fmt, fmt_stats, record_stats, slug
 from posenc.analysis.report.runs import (
     DONE,
@@ -22,6 +21,8 @@ from posenc.analysis.report.runs import (
 )
 from posenc.analysis.report.stats import COST_METRICS, cost_values, mean_std
 from posenc.config import UNREPORTED_KEYS
+from posenc.runtime import untrusted
+from posenc.runtime.files import replacing
 
 #: the line of the shared setup that holds the top-level keys (``device``, ``name``, ...)
 TOP_LEVEL = "run"
@@ -249,7 +250,10 @@ def section_attention(w: Writer, groups: Sequence[Group]) -> None:
             (
                 r
                 for r in group.runs
-                if (r.results / "attention.npz").exists() or (r.results / "attention.png").exists()
+                if r.status == DONE
+                and (
+                    (r.results / "attention.npz").exists() or (r.results / "attention.png").exists()
+                )
             ),
             None,
         )
@@ -263,7 +267,9 @@ def section_attention(w: Writer, groups: Sequence[Group]) -> None:
                     run.results / "attention.npz", f"{group.label}: {run.name}", target
                 )
             else:
-                shutil.copyfile(run.results / "attention.png", target)
+                png = untrusted.read_bytes(run.results / "attention.png", MAX_ATTENTION_BYTES)
+                with replacing(target, "wb") as handle:
+                    handle.write(png)
         except Exception as err:  # one unreadable file must not stop the report
             w.text(
                 f"**{group.label}**: attention map of `{run.name}` unreadable ({first_line(err)})."

@@ -1,18 +1,55 @@
 """Positional encodings. Each module holds one family; :func:`encoding_factory` builds one
 from its ``configs/pe/*.yaml`` node (``_target_`` names the class, other keys are its
-hyper-parameters)."""
+hyper-parameters).
+
+A ``_target_`` is looked up in posenc's catalogue of encoding classes (every module of this
+package, imported here, and any :class:`StackEncoding` subclass a program defines itself), never
+imported from the dotted path it spells: a run directory's ``config.yaml`` is read from disks
+that others may write, and importing what it names would run their code."""
 
 from __future__ import annotations
 
 import functools
+import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hydra.utils import get_class
+from posenc.model.encodings.base import (
+    CATALOGUE,
+    AttentionCall,
+    AttentionRule,
+    Site,
+    StackEncoding,
+)
 
-from posenc.model.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
+__all__ = [
+    "AttentionCall",
+    "AttentionRule",
+    "Site",
+    "StackEncoding",
+    "encoding_class",
+    "encoding_factory",
+]
 
-__all__ = ["AttentionCall", "AttentionRule", "Site", "StackEncoding", "encoding_factory"]
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+
+def encoding_class(target: str, name: str = "?") -> type[StackEncoding]:
+    """The encoding class ``target`` (``"module.Class"``) names in the catalogue.
+
+    Raises:
+        ValueError: ``target`` is no encoding class of the catalogue (one line; nothing is
+            imported).
+    """
+    cls = CATALOGUE.get(str(target))
+    if cls is None:
+        raise ValueError(
+            f"pe={name}: _target_ {target!r} is not one of posenc's encodings "
+            f"({__name__}.MODULE.CLASS); a pe config names a class that configs/pe/ uses"
+        )
+    return cls
 
 
 def encoding_factory(pe_cfg: Mapping[str, Any]) -> Callable[..., StackEncoding]:
@@ -22,7 +59,4 @@ def encoding_factory(pe_cfg: Mapping[str, Any]) -> Callable[..., StackEncoding]:
     target = params.pop("_target_", None)
     if target is None:
         raise ValueError(f"pe={name}: its config has no _target_ naming the encoding class")
-    cls = get_class(target)
-    if not (isinstance(cls, type) and issubclass(cls, StackEncoding)):
-        raise ValueError(f"pe={name}: {target} is not a posenc StackEncoding")
-    return functools.partial(cls, **params)
+    return functools.partial(encoding_class(target, name), **params)

@@ -220,6 +220,12 @@ class StackEncoding(EncodingModule):
     """Training step at length 128 as a ratio to the reference encoding's, at most; checked by
     ``scripts/bench.py`` (None: no target, as for the reference itself)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every subclass defined by code that runs joins :data:`CATALOGUE`: the only classes a
+        config's ``_target_`` may name."""
+        super().__init_subclass__(**kwargs)
+        CATALOGUE[f"{cls.__module__}.{cls.__qualname__}"] = cls
+
     def __init__(self, site: Site, d_model: int, n_heads: int, n_layers: int) -> None:
         super().__init__()
         self.site = Site(site)
@@ -248,6 +254,13 @@ class StackEncoding(EncodingModule):
         """The cross-attention rule of decoder layer ``layer``: plain attention by default, since
         source and target positions do not lie on one axis."""
         return AttentionRule()
+
+
+#: ``"module.Class"`` -> every :class:`StackEncoding` subclass defined so far (posenc's own, once
+#: :mod:`posenc.model.encodings` has imported its modules, and any a program defines itself)
+CATALOGUE: dict[str, type[StackEncoding]] = {
+    f"{StackEncoding.__module__}.{StackEncoding.__qualname__}": StackEncoding
+}
 
 
 class NoPositions(StackEncoding):
