@@ -7,13 +7,14 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import sacrebleu
 import torch
-from conftest import SMOKE, compose
+from conftest import ROOT, SMOKE, compose
 from omegaconf import OmegaConf
 
 from posenc.analysis.report.build import build_report, main, scores_summary
@@ -134,6 +135,19 @@ def test_every_run_is_listed_with_its_status_and_the_hydra_copy_is_not(report, s
     assert "5 run(s): 3 done, 1 failed, 1 unfinished." in markdown
     assert ".hydra" not in markdown
     assert csv_value(rows, section="runs", run=FAILED, metric="status") == "failed"
+
+
+def test_every_run_records_the_code_it_ran_and_the_report_states_it(report, sweep):
+    code = json.loads((sweep / "pe=rope" / "train_summary.json").read_text())["code"]
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    assert code["commit"] == head and isinstance(code["dirty"], bool)
+    assert code["torch"] == torch.__version__
+    _, markdown, _ = report
+    line = next(line for line in markdown.splitlines() if line.startswith("Code: "))
+    assert f"commit {head[:7]}" in line and "(3 run(s))" in line
+    assert "not recorded (2 run(s)" in line  # the failed and the unfinished run
 
 
 def test_score_tables_match_the_runs_metrics(report, sweep):

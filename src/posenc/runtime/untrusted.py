@@ -337,6 +337,15 @@ SUMMARY = Fields(
         "device": STR,
         "processes": INT,
         "train_pairs": INT,
+        "code": Fields(
+            {},
+            {
+                "commit": nullable(STR),
+                "dirty": nullable(BOOL),
+                "posenc": nullable(STR),
+                "torch": STR,
+            },
+        ),
     },
 )
 #: one length bucket of a split's scores (``posenc.evaluation.metrics.length_buckets``)

@@ -43,6 +43,7 @@ from posenc.runtime.files import write_json
 from posenc.runtime.rundir import RunDir, as_run_dir
 from posenc.runtime.sinks import open_sinks
 from posenc.runtime.tblog import RunLogger
+from posenc.runtime.version import code_version
 from posenc.training import advice
 from posenc.training.inputs import EncodedData, prepare
 from posenc.training.interrupt import StopRequests, TrainingInterrupted, resume_command
@@ -483,6 +484,7 @@ def finish(run: Training) -> dict[str, Any]:
         "device": str(run.device),
         "processes": run.world,
         "train_pairs": len(run.data.train_src),
+        "code": code_version(),
     }
     if run.logger is not None:
         for warning in advice.sanity_warnings(state, run.trainer):

@@ -23,6 +23,7 @@ from posenc.analysis.report.stats import COST_METRICS, cost_values, mean_std
 from posenc.config import UNREPORTED_KEYS
 from posenc.runtime import untrusted
 from posenc.runtime.files import replacing
+from posenc.runtime.version import describe
 
 #: the line of the shared setup that holds the top-level keys (``device``, ``name``, ...)
 TOP_LEVEL = "run"
@@ -75,10 +76,32 @@ def section_runs(w: Writer, runs: Sequence[Run], groups: Sequence[Group], focus:
             ]
         )
     w.table(header, rows)
+    w.text(code_line(runs))
     configured = [r for r in runs if r.config]
     if configured:
         setup_lines(w, configured)
         differing_lines(w, configured, groups)
+
+
+def code_line(runs: Sequence[Run]) -> str:
+    """Which code trained the runs (``code`` of their training summaries): one version, or each
+    with its runs' count and a warning that runs of different code compare only when they are
+    shown to train identically."""
+    versions = Counter(describe(r.train["code"]) for r in runs if r.train.get("code"))
+    unknown = sum(not r.train.get("code") for r in runs)
+    parts = [f"{version} ({n} run(s))" for version, n in versions.items()]
+    if unknown:
+        parts.append(
+            f"not recorded ({unknown} run(s): unfinished, or trained before posenc recorded it)"
+        )
+    if len(versions) == 1 and not unknown:
+        return f"Code: {next(iter(versions))}, for every run."
+    warning = (
+        " Runs of different code compare only where they were shown to train identically."
+        if len(versions) > 1
+        else ""
+    )
+    return "Code: " + "; ".join(parts) + "." + warning
 
 
 def shared_settings(runs: Sequence[Run]) -> dict[str, Any]:

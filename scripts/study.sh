@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 27's study on a 2-core CPU, one stage after another, two single-threaded jobs at a time:
+#   compare    every configs/pe/*.yaml (ALiBi and KERPLE in their default forms) and the
+#              symmetric encoder form of alibi and kerple as a variant; seed 0 for all, then
+#              seed 1, then seed 2 (partial results stay balanced across encodings)
+#   beam5      a standalone beam-5 evaluation of every finished compare run
+#   extrap     experiment=extrapolation, the same encodings and seeds
+# Usage: BUDGET=SECONDS STAGES="compare beam5" bash scripts/study.sh
+# BUDGET bounds the whole call (SIGTERM: the running steps finish and are checkpointed); running
+# it again resumes: finished runs return at once, unfinished ones continue from their checkpoint.
+# Then: scripts/report.py on each sweep (docs/RESULTS.md says which), scripts/update_results.py.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+STAGES=${STAGES:-compare beam5 extrap}
+SEEDS=${SEEDS:-0 1 2}
+BUDGET=${BUDGET:-36000}
+deadline=$(($(date +%s) + BUDGET))
+common=(threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=2 trainer.progress=false)
+
+left() { echo $((deadline - $(date +%s))); }
+bounded() {  # run "$@" within what is left of the budget; the study ends once it is spent
+  local seconds status
+  seconds=$(left)
+  ((seconds > 60)) || { echo "study: budget spent"; exit 0; }
+  timeout --signal=TERM --kill-after=120 "$seconds" "$@"
+  status=$?
+  ((status == 124 || status == 137 || status == 143)) && { echo "study: budget spent"; exit 0; }
+  return 0  # a failed job is in its failed.json; the study goes on
+}
+
+for stage in $STAGES; do
+  case $stage in
+    compare)
+      for seed in $SEEDS; do
+        bounded $PY train.py -m experiment=compare "seed=$seed" "${common[@]}"
+        bounded $PY train.py -m experiment=compare pe=alibi,kerple pe.encoder_bias=symmetric \
+          "seed=$seed" "${common[@]}"
+      done ;;
+    beam5)
+      for run in outputs/sweeps/compare/*@*/; do
+        [ -f "$run/metrics.json" ] || continue
+        bounded $PY -m posenc.evaluation "run_dir=$run" eval.beam_size=5 threads=2 \
+          trainer.progress=false
+      done ;;
+    extrap)
+      for seed in $SEEDS; do
+        bounded $PY train.py -m experiment=extrapolation "seed=$seed" "${common[@]}"
+      done ;;
+    *) echo "study: unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
