@@ -8,7 +8,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-ALPHA = 0.05  # the significance level the reading uses
+from posenc.analysis.report.findings import (
+    ALPHA,
+    DISAGREE,
+    NOISE,
+    NOISE_FLOOR_BLEU,
+    NOT_EVERY_SEED,
+    VERDICTS,
+    WORSE,
+)
 
 
 def _number(value: Any) -> float:
@@ -35,16 +43,27 @@ def _names(names: Sequence[str]) -> str:
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
+def _texts(rows: Iterable[Mapping[str, Any]], section: str, split: str, metric: str) -> dict:
+    """Encoding -> the text value of the summary rows of ``section``/``split``/``metric``."""
+    return {
+        r["encoding"]: str(r["value"])
+        for r in rows
+        if r["section"] == section and r["split"] == split and r["metric"] == metric
+    }
+
+
 def split_reading(rows: Sequence[Mapping[str, Any]], split: str) -> str | None:
-    """What the paired bootstrap of ``split`` says: the best encoding, the spread of BLEU and
-    which encodings are significantly worse; None when the split has no significance rows."""
+    """What the significance rows of ``split`` say under :mod:`.report.findings`' rules: the
+    best encoding and the spread of BLEU; nothing ranked at the noise floor; otherwise the
+    encodings found worse (with the size of the difference against the seed noise), those
+    significant on the pooled test sentences only and those where BLEU and chrF disagree.
+    None when the split has no significance rows."""
     bleu = _values(rows, "significance", split, "bleu")
     p_bleu = _values(rows, "significance", split, "p_bleu")
     if len(bleu) < 2:
         return None
     best = next(name for name in bleu if name not in p_bleu)
     others = sorted((n for n in bleu if n != best), key=lambda n: -bleu[n])
-    worse = [n for n in others if p_bleu.get(n, 1.0) < ALPHA]
     low, high = others[-1], others[0]
     spread = (
         f"the other one, {low}, has {bleu[low]:.1f}"
@@ -53,16 +72,38 @@ def split_reading(rows: Sequence[Mapping[str, Any]], split: str) -> str | None:
         f"{bleu[high]:.1f} ({high})"
     )
     text = f"On `{split}`, **{best}** scores best (BLEU {bleu[best]:.1f}); {spread}. "
-    if not worse:
-        return text + f"None of them is significantly worse (paired bootstrap, p < {ALPHA}). "
-    if len(worse) == len(others):
-        return text + f"All of them are significantly worse (paired bootstrap, p < {ALPHA}). "
-    return (
-        text
-        + f"{len(worse)} of them {'is' if len(worse) == 1 else 'are'} significantly worse "
-        + f"(paired bootstrap, p < {ALPHA}): "
-        + f"{_names(worse)}; the rest are within test-set noise of it. "
-    )
+    if _values(rows, "significance", split, "noise_floor").get(best) == 1:
+        return (
+            f"On `{split}`, the best BLEU is {bleu[best]:.1f} ({best}), below the noise floor of "
+            f"{NOISE_FLOOR_BLEU:g}: no encoding is ranked on this split. "
+        )
+    verdicts = _texts(rows, "significance", split, "verdict")
+    by_verdict = {v: [n for n in others if verdicts.get(n) == v] for v in VERDICTS}
+    effect = _values(rows, "significance", split, "effect_bleu")
+    delta = _values(rows, "significance", split, "delta_bleu")
+    parts = [text]
+    if by_verdict[WORSE]:
+        sizes = ", ".join(
+            f"{n} {delta[n]:+.1f} BLEU"
+            + (f" = {effect[n]:.1f} seed sd" if math.isfinite(effect.get(n, math.nan)) else "")
+            for n in by_verdict[WORSE]
+        )
+        parts.append(
+            f"Found worse, on BLEU and chrF, on every training seed and after Holm's correction "
+            f"(p < {ALPHA}): {sizes}. "
+        )
+    if by_verdict[NOT_EVERY_SEED]:
+        parts.append(
+            f"{_names(by_verdict[NOT_EVERY_SEED])}: worse on the pooled test sentences but not on "
+            "every seed, so not a finding. "
+        )
+    if by_verdict[DISAGREE]:
+        parts.append(f"BLEU and chrF disagree on {_names(by_verdict[DISAGREE])}. ")
+    if not by_verdict[WORSE]:
+        parts.append("No encoding is found worse beyond the noise of sentences and seeds. ")
+    elif by_verdict[NOISE]:
+        parts.append("The rest are within noise of it. ")
+    return "".join(parts)
 
 
 def reading(rows: Sequence[Mapping[str, Any]], splits: Sequence[str]) -> str:
@@ -87,12 +128,12 @@ def reading(rows: Sequence[Mapping[str, Any]], splits: Sequence[str]) -> str:
     else:
         n_seeds = "a varying number of seeds"
     trust = (
-        f"How far to trust this: {n_seeds} per encoding {budget}. The bootstrap measures "
-        "only the sampling of test sentences, "
+        f"How far to trust this: {n_seeds} per encoding {budget}. "
         + (
-            "not how much a ranking moves with the training seed (run more seeds to see that); "
+            "With one seed nothing can be a finding: a finding must hold on every training seed "
+            "(two at least) as well as on the test sentences; "
             if not seeds or max(seeds) < 2
-            else "and the hypotheses of all seeds are pooled; "
+            else "A finding holds on every training seed and on the pooled test sentences; "
         )
         + "and a ranking this early says which encoding learns fastest, not which is best when "
         "trained to convergence."

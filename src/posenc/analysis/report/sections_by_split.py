@@ -8,10 +8,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from posenc.analysis.report.figures import plot_buckets, plot_scores
+from posenc.analysis.report.findings import (
+    ALPHA,
+    NOISE_FLOOR_BLEU,
+    UNINFORMATIVE,
+    WORSE,
+    SeedDifference,
+    holm,
+    seed_difference,
+    verdict,
+)
 from posenc.analysis.report.render import SECTIONS, Table, Writer, fmt, fmt_stats, record_stats
 from posenc.analysis.report.runs import FAILED, Entry, Run
 from posenc.analysis.report.stats import (
     SCORES,
+    Paired,
     bucket_label,
     bucket_values,
     length_limits,
@@ -165,7 +176,9 @@ def signature_lines(w: Writer, systems: dict[str, list[Entry]]) -> None:
 def section_significance(
     w: Writer, split: str, systems: dict[str, list[Entry]], samples: int
 ) -> None:
-    """Paired bootstrap p-values of every system against the best one on ``split``."""
+    """Every system against the best one on ``split``: sacreBLEU's paired bootstrap p-values,
+    Holm-adjusted over the systems compared, the difference on each training seed and its size
+    against the seed noise, and the verdict of :mod:`.findings`."""
     w.heading(f"{split}", 3)
     usable = {name: entries for name, entries in systems.items() if seed_texts(entries)}
     if len(usable) < 2:
@@ -173,37 +186,89 @@ def section_significance(
         return
     baseline = system_order(usable)[0]
     rows, signatures = significance_rows(usable, baseline, samples)
-    table = []
-    for row in rows:
-        cells = [row.system, ", ".join(map(str, row.seeds)) or "—"]
-        for metric in ("bleu", "chrf"):
-            result, p = row.results.get(metric), p_value(row, metric)
-            score = None if result is None else result.score
-            for name, value in ((metric, score), (f"p_{metric}", p)):
-                w.record("significance", split, row.system, "", name, value)
-            ci = (
-                ""
-                if result is None or result.ci is None
-                else (f" ({result.mean:.2f} ± {result.ci:.2f})")
-            )
-            cells += [fmt(score) + ci, "baseline" if row.system == baseline else fmt(p, 4)]
-        table.append([*cells, row.note if row.note != "baseline" else ""])
+    others = [row for row in rows if row.system != baseline]
+    adjusted = {
+        metric: holm({r.system: p for r in others if (p := p_value(r, metric)) is not None})
+        for metric in ("bleu", "chrf")
+    }
+    best_bleu = mean_std(e.scores.get("bleu") for e in usable[baseline])
+    floor = best_bleu is not None and best_bleu[0] < NOISE_FLOOR_BLEU
+    w.record("significance", split, baseline, "", "noise_floor", int(floor))
+    table = [_significance_cells(w, split, rows[0], baseline, {}, {}, "")]
+    for row in others:
+        p_adj = {m: adjusted[m].get(row.system) for m in adjusted}
+        differences = {m: seed_difference(usable[baseline], usable[row.system], m) for m in p_adj}
+        judged = verdict(p_adj, differences, floor) if row.results else ""
+        table.append(_significance_cells(w, split, row, baseline, p_adj, differences, judged))
     w.table(
         [
             "system",
             "seeds",
             "BLEU (bootstrap mean ± 95% CI)",
             "p (BLEU)",
+            "p Holm",
             "chrF (bootstrap mean ± 95% CI)",
             "p (chrF)",
+            "p Holm",
+            "Δ BLEU per seed",
+            "Δ / seed sd",
+            "verdict",
             "note",
         ],
         table,
     )
     w.text(
         f"Baseline: **{baseline}** (best mean BLEU). Test signatures: "
-        + ", ".join(f"{m} `{s}`" for m, s in signatures.items())
+        + ", ".join(f"{m} `{s}`" for m, s in signatures.items()),
+        f"Verdicts: **{WORSE}** is a finding: both Holm-adjusted p-values (over the "
+        f"{len(others)} systems compared) below {ALPHA}, and the baseline ahead on BLEU and chrF "
+        f"on every paired training seed (two at least). Δ is the baseline's corpus score minus "
+        "the system's on each seed; Δ / seed sd divides its mean by the pooled standard "
+        "deviation of the two systems' scores over seeds (the noise a rerun with another seed "
+        f"brings). A split whose best mean BLEU is below {NOISE_FLOOR_BLEU} ranks nothing "
+        f"({UNINFORMATIVE}).",
     )
+
+
+def _significance_cells(
+    w: Writer,
+    split: str,
+    row: Paired,
+    baseline: str,
+    p_adjusted: dict[str, float | None],
+    differences: dict[str, SeedDifference],
+    judged: str,
+) -> list[str]:
+    """One row of the significance table, its numbers also recorded in the report's CSV."""
+    cells = [row.system, ", ".join(map(str, row.seeds)) or "—"]
+    for metric in ("bleu", "chrf"):
+        result, p = row.results.get(metric), p_value(row, metric)
+        score = None if result is None else result.score
+        recorded = {metric: score, f"p_{metric}": p, f"p_{metric}_holm": p_adjusted.get(metric)}
+        for name, value in recorded.items():
+            w.record("significance", split, row.system, "", name, value)
+        ci = (
+            "" if result is None or result.ci is None else f" ({result.mean:.2f} ± {result.ci:.2f})"
+        )
+        first = row.system == baseline
+        cells += [
+            fmt(score) + ci,
+            "baseline" if first else fmt(p, 4),
+            "" if first else fmt(p_adjusted.get(metric), 4),
+        ]
+    bleu = differences.get("bleu")
+    if bleu is not None:
+        w.record("significance", split, row.system, "", "delta_bleu", bleu.mean)
+        w.record("significance", split, row.system, "", "effect_bleu", bleu.effect)
+    if judged:
+        w.record("significance", split, row.system, "", "verdict", judged)
+    cells += [
+        ", ".join(f"{d:+.2f}" for d in bleu.per_seed) if bleu else "",
+        fmt(bleu.effect) if bleu else "",
+        judged,
+        row.note if row.note != "baseline" else "",
+    ]
+    return cells
 
 
 # ---------------------------------------------------------------- 5. length buckets
