@@ -18,6 +18,7 @@ from conftest import ROOT, SMOKE, compose
 from omegaconf import OmegaConf
 
 from posenc.analysis.report.build import build_report, main, scores_summary
+from posenc.analysis.report.curves import kendall_tau, rankings_at_last_validations
 from posenc.analysis.report.render import SECTIONS, Table, slug
 from posenc.analysis.report.runs import ReportError, Run, reference_of
 from posenc.analysis.report.sections_by_encoding import setup_groups
@@ -384,3 +385,18 @@ def test_the_report_writes_the_sweeps_hparams_summary(report, sweep):
     infos = {i.name: i for i in TensorBoardView(sweep).experiment().hparam_infos}
     assert infos["pe.name"].differs and infos["seed"].differs
     assert [python(v) for v in infos["pe.name"].domain_discrete.values] == ["nonepe", "rope"]
+
+
+def test_the_ranking_settles_when_the_last_two_shared_validations_agree():
+    steps = np.array([200.0, 400.0, 600.0])
+    curves = {
+        "a": [(steps, np.array([6.0, 5.0, 4.0])), (steps, np.array([6.2, 5.2, 4.2]))],
+        "b": [(steps, np.array([5.0, 5.1, 4.5]))],
+        "c": [(steps[:2], np.array([7.0, 5.5]))],  # stopped at 400: 600 is not shared
+    }
+    (first_step, first), (last_step, last) = rankings_at_last_validations(curves)
+    assert (first_step, first) == (200, ["b", "a", "c"])
+    assert (last_step, last) == (400, ["a", "b", "c"])
+    assert kendall_tau(first, last) == pytest.approx(1 / 3)
+    assert kendall_tau(last, last) == 1.0
+    assert rankings_at_last_validations({"a": curves["a"]}) == []

@@ -93,3 +93,38 @@ def trailing_mean(curve: Curve, share: float = SMOOTHING) -> Curve:
     starts = np.maximum(np.arange(1, len(y) + 1) - window, 0)
     counts = np.arange(1, len(y) + 1) - starts
     return x, (sums[1:] - sums[starts]) / counts
+
+
+def rankings_at_last_validations(
+    curves_by_system: dict[str, Sequence[Curve]],
+) -> list[tuple[int, list[str]]]:
+    """The systems ranked by their mean validation loss over seeds (best first) at each of the
+    last two validation steps that every run of every system logged: ``[(step, ranking), ...]``
+    (fewer entries when fewer such steps exist). Whether the two rankings agree is the rule for
+    a budget long enough for the ranking to settle."""
+    runs = [curve for curves in curves_by_system.values() for curve in curves]
+    if (
+        len(curves_by_system) < 2
+        or not runs
+        or any(not curves for curves in curves_by_system.values())
+    ):
+        return []
+    shared = set.intersection(*(set(np.asarray(x, dtype=int).tolist()) for x, _ in runs))
+    found = []
+    for step in sorted(shared)[-2:]:
+        means = {
+            name: float(
+                np.mean([y[np.flatnonzero(np.asarray(x, dtype=int) == step)[0]] for x, y in curves])
+            )
+            for name, curves in curves_by_system.items()
+        }
+        found.append((step, sorted(means, key=lambda name: (means[name], name))))
+    return found
+
+
+def kendall_tau(first: Sequence[str], second: Sequence[str]) -> float:
+    """Kendall's rank correlation of two orderings of the same names (1: the same order)."""
+    position = {name: i for i, name in enumerate(second)}
+    pairs = [(a, b) for i, a in enumerate(first) for b in first[i + 1 :]]
+    agree = sum(1 if position[a] < position[b] else -1 for a, b in pairs)
+    return agree / len(pairs) if pairs else 1.0

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from posenc.analysis.report.curves import kendall_tau, rankings_at_last_validations
 from posenc.analysis.report.figures import MAX_ATTENTION_BYTES, plot_curves, render_attention
 from posenc.analysis.report.render import SECTIONS, Writer, fmt, fmt_stats, record_stats, slug
 from posenc.analysis.report.runs import (
@@ -209,6 +210,26 @@ def section_curves(w: Writer, groups: Sequence[Group], styles: dict[str, Any]) -
         )
     header = ["encoding", "runs with curves", "best valid loss", "last valid loss", "last step"]
     w.table([*header, "last second"], rows)
+    settling_line(w, groups)
+
+
+def settling_line(w: Writer, groups: Sequence[Group]) -> None:
+    """Whether the ranking by mean validation loss is the same at the last two validations that
+    every run logged (the study's rule for a budget long enough), with Kendall's tau."""
+    rankings = rankings_at_last_validations(
+        {g.label: [r.curves["steps"] for r in g.runs if "steps" in r.curves] for g in groups}
+    )
+    if len(rankings) < 2:
+        return
+    (before, first), (last, second) = rankings
+    tau = kendall_tau(first, second)
+    w.record("curves", "valid", "", "", "ranking_settled", int(first == second))
+    w.record("curves", "valid", "", "", "ranking_tau", tau)
+    verdict = "the same: the ranking has settled" if first == second else "not the same yet"
+    w.text(
+        f"Ranking by mean validation loss at step {before}: {' < '.join(first)}; at step {last}: "
+        f"{' < '.join(second)}; {verdict} (Kendall's tau {tau:.2f})."
+    )
 
 
 # ---------------------------------------------------------------- 6. cost
