@@ -33,7 +33,8 @@ def _git(*args: str) -> str | None:
 @functools.cache
 def code_version() -> dict[str, Any]:
     """``{"commit", "dirty", "posenc", "torch"}``: the commit is None (and dirty None) when
-    posenc is not run from a git checkout (an installed wheel); read once per process."""
+    posenc is not run from a git checkout (an installed wheel). Read once per process, when this
+    module is first imported, so that a later commit does not relabel code loaded before it."""
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
     try:
@@ -55,3 +56,6 @@ def describe(code: dict[str, Any]) -> str:
     if code.get("dirty"):
         where += " (dirty)"
     return f"{where}, posenc {code.get('posenc')}, torch {code.get('torch')}"
+
+
+code_version()  # read once when posenc is loaded: the code a process runs is that moment's
