@@ -17,10 +17,11 @@ import torch
 from conftest import ROOT, SMOKE, compose
 from omegaconf import OmegaConf
 
+from posenc.analysis.report.benchtime import add_bench_curves, bench_step_seconds
 from posenc.analysis.report.build import build_report, main, scores_summary
 from posenc.analysis.report.curves import kendall_tau, rankings_at_last_validations
 from posenc.analysis.report.render import SECTIONS, Table, slug
-from posenc.analysis.report.runs import ReportError, Run, reference_of
+from posenc.analysis.report.runs import ReportError, Run, load_run, reference_of
 from posenc.analysis.report.sections_by_encoding import setup_groups
 from posenc.analysis.report.sections_by_split import SEEDS_COLUMN
 from posenc.analysis.report.stats import bucket_position, length_limits, mean_std
@@ -400,3 +401,33 @@ def test_the_ranking_settles_when_the_last_two_shared_validations_agree():
     assert kendall_tau(first, last) == pytest.approx(1 / 3)
     assert kendall_tau(last, last) == 1.0
     assert rankings_at_last_validations({"a": curves["a"]}) == []
+
+
+def test_curves_are_also_drawn_against_benchmark_time(sweep, tmp_path):
+    """Runs that shared the machine measure their neighbours: with a quiet benchmark's JSON the
+    report draws each run's curves against its steps times its encoding's benchmarked step."""
+    bench = tmp_path / "bench.json"
+    step = {"16": {"median_s": 0.25}, "32": {"median_s": 0.75}}  # a mean of 0.5 s a step
+    bench.write_text(
+        json.dumps(
+            {
+                "settings": {"model": "tiny", "tokens": 512, "lengths": [16, 32]},
+                "summary": {"train": {"nonepe": step}},
+            }
+        )
+    )
+    runs = [load_run(sweep / name, sweep) for name in DONE]
+    assert add_bench_curves(runs, bench_step_seconds(bench)[0]) == ["rope"]
+    nonepe = next(r for r in runs if r.pe == "nonepe")
+    np.testing.assert_allclose(nonepe.curves["bench"][0], nonepe.curves["steps"][0] * 0.5)
+    assert "bench" not in next(r for r in runs if r.pe == "rope").curves
+
+    out = tmp_path / "report"
+    build_report(sweep, out, samples=10, bench=bench)
+    markdown = (out / "report.md").read_text()
+    assert (out / "valid_loss_vs_bench.png").exists()
+    assert "model=tiny, 512 tokens a batch, lengths 16, 32" in markdown
+    assert "not measured there, so not drawn: alibi, rope" in markdown  # the failed run too
+    bench.write_text('{"settings": {}}')
+    with pytest.raises(SystemExit, match="bench.json: summary is missing"):
+        main([str(sweep), "--out", str(tmp_path / "r2"), "--bench", str(bench)])

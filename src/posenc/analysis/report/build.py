@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posenc.analysis.reading import reading
+from posenc.analysis.report.benchtime import add_bench_curves, bench_step_seconds
 from posenc.analysis.report.render import Table, Writer, palette
 from posenc.analysis.report.runs import (
     ReportError,
@@ -68,12 +69,14 @@ def build_report(
     samples: int = 1000,
     evaluation: str | None = None,
     reference: str | None = None,
+    bench: Path | None = None,
 ) -> Report:
     """Write the report of the sweep in ``sweep`` into ``out`` (default ``sweep/report``):
     ``report.md``, ``report.csv``, ``reading.txt`` and the figures. Scores come from each run's
     own evaluation, or from its standalone evaluation ``RUN/evals/<evaluation>/``; ``samples``
     paired bootstrap resamples; cost ratios against ``reference`` (default: the runs'
-    ``reference_pe``). Returns what was written (:class:`Report`).
+    ``reference_pe``); with ``bench`` (a benchmark's JSON) the learning curves are also drawn
+    against benchmark time (:mod:`.benchtime`). Returns what was written (:class:`Report`).
 
     Raises:
         ReportError: ``sweep`` is no directory, holds no run, no run has the ``focus`` split,
@@ -94,6 +97,13 @@ def build_report(
     runs = [load_run(path, sweep, evaluation) for path in find_run_dirs(sweep, out)]
     if not runs:
         raise ReportError(f"no run directory (one with a config.yaml) under {sweep}")
+    bench_note = None
+    if bench is not None:
+        seconds, shape = bench_step_seconds(bench)
+        missing = add_bench_curves(runs, seconds)
+        bench_note = f"`{bench.name}` ({shape})" + (
+            f"; not measured there, so not drawn: {', '.join(missing)}" if missing else ""
+        )
     splits = split_names(runs, focus)
     reference = reference_of(runs, reference)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +121,7 @@ def build_report(
     )
     top = len(w.lines)
     section_runs(w, runs, groups, focus)
-    section_curves(w, groups, styles)
+    section_curves(w, groups, styles, bench_note)
     scores = split_sections(w, splits, systems, runs, samples, styles)
     section_cost(w, groups, focus, reference)
     section_attention(w, groups)
@@ -150,11 +160,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="NAME",
         help="the encoding cost ratios are measured against (default: the runs' reference_pe)",
     )
+    parser.add_argument(
+        "--bench",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="a quiet benchmark at the runs' shape (scripts/bench.py): also draw the curves "
+        "against each encoding's benchmarked step time x steps",
+    )
     args = parser.parse_args(argv)
     with one_line_errors("report", known=(UntrustedFileError,)):
         try:
             report = build_report(
-                args.sweep, args.out, args.split, args.bootstrap, args.eval, args.reference
+                args.sweep,
+                args.out,
+                args.split,
+                args.bootstrap,
+                args.eval,
+                args.reference,
+                args.bench,
             )
         except ReportError as err:
             raise SystemExit(f"error: {err}") from None

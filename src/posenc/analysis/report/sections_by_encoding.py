@@ -169,9 +169,11 @@ def differing_lines(w: Writer, runs: Sequence[Run], groups: Sequence[Group]) -> 
 # ---------------------------------------------------------------- 2. learning curves
 
 
-def section_curves(w: Writer, groups: Sequence[Group], styles: dict[str, Any]) -> None:
-    """Validation and training loss against steps and against training time, and a summary
-    table."""
+def section_curves(
+    w: Writer, groups: Sequence[Group], styles: dict[str, Any], bench: str | None = None
+) -> None:
+    """Validation and training loss against steps and against training time (and, with
+    ``bench``, the benchmark named so, against benchmark time), and a summary table."""
     w.heading(SECTIONS[1])
     w.text(
         "Left: validation loss (token-level NLL, no label smoothing); right: training loss "
@@ -183,7 +185,14 @@ def section_curves(w: Writer, groups: Sequence[Group], styles: dict[str, Any]) -
         "excluded."
     )
     plot_curves(w, groups, "steps", styles, "training step")
-    plot_curves(w, groups, "time", styles, "training time (s)")
+    plot_curves(w, groups, "time", styles, "training time (s), as measured")
+    if bench is not None:
+        w.text(
+            "The measured training time depends on what shared the machine with each run. "
+            f"Benchmark time is each run's steps times its encoding's step time in {bench}: "
+            "the time to read for comparing encodings."
+        )
+        plot_curves(w, groups, "bench", styles, "benchmark time (s): steps x benchmarked step")
     rows = []
     for group in groups:
         curves = [r.curves["steps"] for r in group.runs if "steps" in r.curves]
