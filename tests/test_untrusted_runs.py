@@ -221,6 +221,15 @@ def test_runs_that_train_different_models_never_share_a_directory():
     assert names(*SMOKE, "eval.max_sentences=3") == plain  # evaluated again, in the same run
 
 
+def test_a_setting_added_later_with_an_off_default_leaves_directory_names_as_they_were():
+    cfg = OmegaConf.to_container(compose(*SMOKE), resolve=True)
+    later = {**cfg, "trainer": {**cfg["trainer"], "new_switch": None, "new_table": {}}}
+    assert run_dir_name("", later) == run_dir_name("", cfg)
+    assert run_dir_name("", {**later, "trainer": {**later["trainer"], "new_switch": 1}}) != (
+        run_dir_name("", cfg)
+    )
+
+
 def test_a_directory_name_fits_a_file_system_however_many_overrides():
     long = ",".join(f"+data.extra_tests.t{i}={{min_len: {i}, max_len: {i + 9}}}" for i in range(40))
     name = run_dir_name(long + "/../x", {"seed": 0})

@@ -419,21 +419,34 @@ def training_identity(config: Mapping[str, Any]) -> dict[str, Any]:
     run control (:data:`RUN_CONTROL_KEYS`, the seed excepted), budgets (:data:`BUDGET_KEYS`),
     the evaluation (``eval.*``, see :func:`evaluation_identity`), the loggers and Hydra's own;
     a path as the real path it names. Two runs with the same training identity train the same
-    model, so they share a run directory."""
+    model, so they share a run directory. A setting that is null or an empty mapping is left
+    out, as if absent: a setting added later with such a default (off) leaves the identity of
+    earlier runs, and their directory names, as they were."""
     skipped = (RUN_CONTROL_KEYS - {"seed"}) | BUDGET_KEYS
     return {
         key: _real_path(value) if key in FILE_SETTINGS else value
-        for key, value in flatten(plain(config)).items()
+        for key, value in _present(flatten(plain(config))).items()
         if key not in skipped and not key.startswith(("eval.", "logger.", "hydra."))
+    }
+
+
+def _present(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` without those that are null or an empty mapping (what a setting added
+    later defaults to when it is off)."""
+    return {
+        k: v
+        for k, v in settings.items()
+        if v is not None and not (isinstance(v, Mapping) and not v)
     }
 
 
 def evaluation_identity(config: Mapping[str, Any]) -> dict[str, Any]:
     """The flattened ``eval.*`` settings of a plain config that change what an evaluation
-    reports (all but :data:`EVAL_RUN_CONTROL`)."""
+    reports (all but :data:`EVAL_RUN_CONTROL`; null and empty ones left out as in
+    :func:`training_identity`)."""
     return {
         key: value
-        for key, value in flatten({"eval": plain(config).get("eval", {})}).items()
+        for key, value in _present(flatten({"eval": plain(config).get("eval", {})})).items()
         if key not in EVAL_RUN_CONTROL
     }
 
