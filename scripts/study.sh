@@ -5,6 +5,11 @@
 #              seed 1, then seed 2 (partial results stay balanced across encodings)
 #   beam5      a standalone beam-5 evaluation of every finished compare run
 #   extrap     experiment=extrapolation, the same encodings and seeds
+#   bench      a quiet benchmark at compare's shape (model=cpu, 1024-token batches), for the
+#              report's benchmark-time axis (nothing else may run meanwhile): outputs/study/
+#   seed_report  the seed report's own setting for nonepe, sinpe, rpe, rope and alibi, seed 0
+#   scaling    the seed report's four and BEST (two encodings, e.g. BEST=rope,xl) at model=small
+#              and 8,000 steps (4x compare's), seed 0: does the short budget's ranking hold?
 # Usage: BUDGET=SECONDS STAGES="compare beam5" bash scripts/study.sh
 # BUDGET bounds the whole call (SIGTERM: the running steps finish and are checkpointed); running
 # it again resumes: finished runs return at once, unfinished ones continue from their checkpoint.
@@ -47,6 +52,15 @@ for stage in $STAGES; do
       for seed in $SEEDS; do
         bounded $PY train.py -m experiment=extrapolation "seed=$seed" "${common[@]}"
       done ;;
+    bench)
+      bounded $PY scripts/bench.py --model cpu --tokens 1024 --lengths 32,64 --repeats 7 \
+        --threads 1 --out outputs/study/bench_cpu.json ;;
+    seed_report)
+      bounded $PY train.py -m experiment=seed_report pe=nonepe,sinpe,rpe,rope,alibi seed=0 \
+        "${common[@]}" ;;
+    scaling)
+      bounded $PY train.py -m experiment=compare name=scaling model=small trainer.max_steps=8000 \
+        trainer.valid_every=500 "pe=nonepe,sinpe,rpe,rope${BEST:+,$BEST}" seed=0 "${common[@]}" ;;
     *) echo "study: unknown stage $stage" >&2; exit 2 ;;
   esac
 done

@@ -1,5 +1,6 @@
-"""The training and validation pairs as token ids: corpora loaded and cleaned, the tokenizer
-built (or reused from the cache), pairs over the length limits dropped."""
+"""The training and validation pairs as token ids: the training pairs from the prepared corpus
+(made on first use: corpora loaded and cleaned, the tokenizer built or reused), pairs over the
+length limits dropped."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from omegaconf import DictConfig
 
 from posenc.data.corpora import load_corpora
 from posenc.data.corpus import Corpus
+from posenc.data.store import TokenColumn, open_store, prepared, store_key, write_store
 from posenc.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
 from posenc.runtime import distributed
 from posenc.runtime.rundir import RunDir, as_run_dir
@@ -20,10 +22,11 @@ log = logging.getLogger("posenc.training")
 
 @dataclass
 class EncodedData:
-    """Token ids of the training and validation pairs."""
+    """Token ids of the training pairs (memory-mapped columns of the prepared corpus, with
+    their ``lengths``) and of the validation pairs."""
 
-    train_src: list[list[int]]
-    train_tgt: list[list[int]]
+    train_src: TokenColumn
+    train_tgt: TokenColumn
     valid_src: list[list[int]]
     valid_tgt: list[list[int]]
 
@@ -50,22 +53,28 @@ def encode_pairs(
 
 
 def prepare(cfg: DictConfig, run_dir: Path | RunDir) -> tuple[Tokenizer, EncodedData]:
-    """Load and clean the corpora, build (or reuse) the tokenizer, encode train and valid.
+    """The run's tokenizer (saved in ``RUN/tokenizer``) and its training and validation ids.
 
-    Under torchrun rank 0 builds the tokenizer and saves it in ``RUN/tokenizer``; the other
-    ranks wait for it there and load it."""
-    corpora = load_corpora(cfg.data)
-    if distributed.is_main():
-        cache_dir = Path(cfg.cache_dir).expanduser()
-        tokenizer = build_tokenizer(cfg.tokenizer, corpora["train"], cache_dir)
-        tokenizer.save(as_run_dir(run_dir).tokenizer)
+    The training pairs come from the prepared corpus of this data and tokenizer
+    (:mod:`posenc.data.store`), memory-mapped; when there is none yet, the corpora are loaded
+    and cleaned, the tokenizer built (or reused from the cache) and the store written first.
+    Pairs over the length limits are then left out. Under torchrun rank 0 prepares while the
+    other ranks wait, then every rank maps the same files."""
+    directory = prepared(cfg.cache_dir, store_key(cfg.data, cfg.tokenizer))
+    if distributed.is_main() and not (directory / "meta.json").is_file():
+        from filelock import FileLock
+
+        with FileLock(str(directory) + ".lock"):  # one preparation at a time per store
+            if not (directory / "meta.json").is_file():
+                _prepare_store(cfg, directory)
     distributed.barrier()
-    if not distributed.is_main():
-        tokenizer = load_tokenizer(as_run_dir(run_dir).tokenizer)
+    tokenizer = load_tokenizer(directory / "tokenizer")
+    if distributed.is_main():
+        tokenizer.save(as_run_dir(run_dir).tokenizer)
     t = cfg.trainer
-    train_src, train_tgt, dropped = encode_pairs(
-        tokenizer, corpora["train"], t.max_positions, t.max_source_tokens
-    )
+    everything = open_store(directory)
+    train = everything.within(t.max_positions, t.max_source_tokens)
+    dropped = len(everything) - len(train)
     if dropped:
         log.info(
             "dropped %d training pairs over the length limits (max_positions=%s, "
@@ -74,7 +83,18 @@ def prepare(cfg: DictConfig, run_dir: Path | RunDir) -> tuple[Tokenizer, Encoded
             t.max_positions,
             t.max_source_tokens,
         )
-    if not train_src:
+    if not len(train):
         raise ValueError("no training pairs left after tokenisation; raise trainer.max_positions")
-    valid_src, valid_tgt, _ = encode_pairs(tokenizer, corpora["valid"])
-    return tokenizer, EncodedData(train_src, train_tgt, valid_src, valid_tgt)
+    valid = load_corpora(cfg.data, with_train=False)["valid"]
+    valid_src, valid_tgt, _ = encode_pairs(tokenizer, valid)
+    return tokenizer, EncodedData(train.src, train.tgt, valid_src, valid_tgt)
+
+
+def _prepare_store(cfg: DictConfig, directory: Path) -> None:
+    """Load and clean the corpora, build (or reuse) the tokenizer and write the training pairs'
+    ids as the store ``directory``."""
+    corpora = load_corpora(cfg.data)
+    tokenizer = build_tokenizer(cfg.tokenizer, corpora["train"], Path(cfg.cache_dir).expanduser())
+    src, tgt, _ = encode_pairs(tokenizer, corpora["train"])
+    write_store(directory, src, tgt, tokenizer)
+    log.info("prepared %d training pairs in %s", len(src), directory)

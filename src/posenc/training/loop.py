@@ -215,8 +215,8 @@ def set_up(cfg: DictConfig, run_dir: RunDir, start: Start | None) -> Training:
     if trainer.compile:
         trained = torch.compile(trained)
     batcher = TokenBatcher(
-        [len(s) for s in data.train_src],
-        [len(t) for t in data.train_tgt],
+        data.train_src.lengths,
+        data.train_tgt.lengths,
         trainer.max_tokens,
         seed=cfg.seed,
         rank=rank,

@@ -1,0 +1,186 @@
+"""A prepared training corpus on disk: the token ids of every cleaned training pair in flat
+NumPy arrays, memory-mapped by every run that asks for the same data, so that a second run (a
+sweep's next job, another seed, every torchrun rank) reads no text, tokenises nothing and holds
+no Python lists: the page cache keeps one copy for all.
+
+Layout of a store directory (fairseq's binarised arrays, in NumPy form)::
+
+    src.bin, tgt.bin   the ids of every row, concatenated (uint16, or uint32 for vocabularies
+                       over 65,536 tokens)
+    src.off, tgt.off   int64 offsets: row i is bin[off[i]:off[i + 1]]
+    tokenizer/         the tokenizer the ids belong to
+    meta.json          format, rows, dtype, vocabulary size and the settings it was made from
+
+It is written into a temporary directory beside it and renamed into place when complete, so a
+killed preparation leaves nothing a later run trusts. Its name is a digest of what it depends
+on (:func:`store_key`): the data and tokenizer settings, the sizes and modification times of
+the files read, the tokenizers library's version and this format's. Length limits are not part
+of it: :meth:`TokenStore.within` selects rows from the length arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from posenc.config import plain
+from posenc.data.corpus import DataError
+from posenc.data.tokenizer import Tokenizer
+
+#: the layout version: a change makes new stores instead of misreading old ones
+FORMAT = 1
+SIDES = ("src", "tgt")
+
+
+class TokenColumn(Sequence[list[int]]):
+    """One side of a store, as a sequence of id lists: ``column[i]`` is row ``rows[i]``'s ids
+    (all rows when ``rows`` is None); ``lengths`` are their token counts, ``(N,)`` int64."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray | None = None):
+        self._ids, self._offsets = ids, offsets
+        self._rows = np.arange(len(offsets) - 1) if rows is None else rows
+        self.lengths = (offsets[self._rows + 1] - offsets[self._rows]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i):  # an index, as the training loop asks (slices are not needed)
+        row = self._rows[i]
+        return self._ids[self._offsets[row] : self._offsets[row + 1]].tolist()
+
+    def select(self, rows: np.ndarray) -> TokenColumn:
+        """The column of ``rows`` (positions in this column)."""
+        return TokenColumn(self._ids, self._offsets, self._rows[rows])
+
+
+class TokenStore:
+    """The training pairs of a store directory, memory-mapped (read-only)."""
+
+    def __init__(self, src: TokenColumn, tgt: TokenColumn) -> None:
+        self.src, self.tgt = src, tgt
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def within(self, max_positions: int | None, max_source_tokens: int | None) -> TokenStore:
+        """The pairs whose sides fit ``max_positions`` tokens with EOS and whose source has at
+        most ``max_source_tokens`` tokens (None: no limit), in store order: the rows and order
+        that :func:`posenc.training.inputs.encode_pairs` keeps from the same pairs."""
+        keep = np.ones(len(self), dtype=bool)
+        if max_positions:
+            keep &= np.maximum(self.src.lengths, self.tgt.lengths) + 1 <= max_positions
+        if max_source_tokens:
+            keep &= self.src.lengths <= max_source_tokens
+        rows = np.flatnonzero(keep)
+        return TokenStore(self.src.select(rows), self.tgt.select(rows))
+
+
+def store_key(data: Mapping, tokenizer: Mapping) -> str:
+    """The digest naming the store of the training pairs of the ``data`` and ``tokenizer``
+    config nodes (see the module doc)."""
+    import tokenizers
+
+    data, tokenizer = plain(data), plain(tokenizer)
+    files = _stamps(data, tokenizer)
+    settings = [FORMAT, tokenizers.__version__, data, tokenizer, files]
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _stamps(data: dict, tokenizer: dict) -> list[tuple[str, int, int]]:
+    """``(real path, size, mtime_ns)`` of the files the store is made from: local training and
+    held-out stems on both sides, and a vocabulary file."""
+    paths = []
+    if data.get("kind") == "local" and data.get("dir"):
+        directory = Path(data["dir"]).expanduser()
+        stems = data.get("train") or []
+        stems = [stems] if isinstance(stems, str) else list(stems)
+        stems += [h["stem"] for h in (data.get("holdout") or {}).values() if "stem" in h]
+        paths += [
+            directory / f"{s}.{data[lang]}" for s in stems for lang in ("src_lang", "tgt_lang")
+        ]
+    if tokenizer.get("vocab_file"):
+        paths.append(Path(tokenizer["vocab_file"]).expanduser())
+    stamps = []
+    for path in paths:
+        real = os.path.realpath(path)
+        try:
+            info = os.stat(real)
+        except OSError:
+            continue  # missing: the loader names it when the store is built
+        stamps.append((real, info.st_size, info.st_mtime_ns))
+    return stamps
+
+
+def write_store(
+    directory: Path,
+    src: Sequence[Sequence[int]],
+    tgt: Sequence[Sequence[int]],
+    tokenizer: Tokenizer,
+) -> None:
+    """Write the pairs' ids and ``tokenizer`` as the store ``directory`` (atomically: a temporary
+    directory beside it, renamed when complete; when another process finished the same store
+    first, theirs is kept)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+        for side, rows in zip(SIDES, (src, tgt), strict=True):
+            lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            flat = np.fromiter((i for r in rows for i in r), dtype=dtype, count=int(offsets[-1]))
+            flat.tofile(work / f"{side}.bin")
+            offsets.tofile(work / f"{side}.off")
+        tokenizer.save(work / "tokenizer")
+        meta = {"format": FORMAT, "rows": len(src), "dtype": np.dtype(dtype).name}
+        (work / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        try:
+            work.rename(directory)
+        except OSError:
+            if not (directory / "meta.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def open_store(directory: Path) -> TokenStore:
+    """The store in ``directory``, memory-mapped.
+
+    Raises:
+        DataError: its files are missing or do not agree with one another (one line).
+    """
+    try:
+        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+        rows, dtype = int(meta["rows"]), np.dtype(meta["dtype"])
+        if meta.get("format") != FORMAT or dtype not in (np.uint16, np.uint32):
+            raise ValueError(f"format {meta.get('format')}, dtype {dtype}")
+        columns = []
+        for side in SIDES:
+            offsets = np.fromfile(directory / f"{side}.off", dtype=np.int64)
+            size = (directory / f"{side}.bin").stat().st_size // dtype.itemsize
+            if len(offsets) != rows + 1 or offsets[0] != 0 or offsets[-1] != size:
+                raise ValueError(f"{side}.off does not match {side}.bin and {rows} rows")
+            ids = (
+                np.memmap(directory / f"{side}.bin", dtype=dtype, mode="r")
+                if size
+                else np.zeros(0, dtype)
+            )
+            columns.append(TokenColumn(ids, offsets))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(
+            f"the prepared corpus {directory} is damaged ({err}); delete it and run again to "
+            "prepare it anew"
+        ) from None
+    return TokenStore(*columns)
+
+
+def prepared(root: Path, key: str) -> Path:
+    """Where the store named ``key`` lives under the cache directory ``root``."""
+    return Path(root).expanduser() / "stores" / key

@@ -1,0 +1,84 @@
+"""The prepared corpus: a training run reads its pairs' ids from flat memory-mapped arrays made
+once per data and tokenizer settings; a second run (another seed or encoding) reads no text and
+tokenises nothing, and trains exactly as the first."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import SMOKE, compose
+
+from posenc.data.corpus import DataError
+from posenc.data.store import open_store, prepared, store_key, write_store
+from posenc.data.tokenizer import load_tokenizer
+from posenc.job import run
+from posenc.training import inputs
+from posenc.training.inputs import encode_pairs
+
+OVERRIDES = (*SMOKE, "pe=nonepe", "trainer.max_steps=6", "trainer.valid_every=2")
+
+
+def test_a_store_gives_back_every_pair_and_keeps_what_the_length_limits_keep(tmp_path):
+    run(compose(*OVERRIDES, "eval.enabled=false"), tmp_path / "run")
+    tokenizer = load_tokenizer(tmp_path / "run" / "tokenizer")
+    src = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14]]
+    tgt = [[5], [6, 7, 8, 9], [10], [11, 12]]
+    write_store(tmp_path / "store", src, tgt, tokenizer)
+    store = open_store(tmp_path / "store")
+    assert [store.src[i] for i in range(len(store))] == src
+    assert [store.tgt[i] for i in range(len(store))] == tgt
+    assert store.src.lengths.tolist() == [3, 1, 5, 1]
+    short = store.within(max_positions=5, max_source_tokens=3)
+    assert [short.src[i] for i in range(len(short))] == [[5, 6, 7], [8], [14]]
+    assert short.tgt.lengths.tolist() == [1, 4, 2]
+    assert len(store.within(None, None)) == 4
+
+
+def test_limits_select_the_rows_and_order_encode_pairs_keeps(tmp_path):
+    cfg = compose(*SMOKE)
+    from posenc.data.corpora import load_corpora
+
+    run(compose(*OVERRIDES, "eval.enabled=false"), tmp_path / "run")
+    tokenizer = load_tokenizer(tmp_path / "run" / "tokenizer")
+    train = load_corpora(cfg.data)["train"]
+    src, tgt, _ = encode_pairs(tokenizer, train)
+    write_store(tmp_path / "store", src, tgt, tokenizer)
+    store = open_store(tmp_path / "store")
+    for limits in ((8, None), (None, 5), (12, 6)):
+        expected_src, expected_tgt, _ = encode_pairs(tokenizer, train, *limits)
+        kept = store.within(*limits)
+        assert [kept.src[i] for i in range(len(kept))] == expected_src
+        assert [kept.tgt[i] for i in range(len(kept))] == expected_tgt
+
+
+def test_a_second_run_reads_the_prepared_corpus_and_trains_identically(tmp_path, monkeypatch):
+    run(compose(*OVERRIDES, "eval.enabled=false"), tmp_path / "a")
+    built = []
+    real = inputs._prepare_store
+    monkeypatch.setattr(inputs, "_prepare_store", lambda *a: built.append(a) or real(*a))
+    run(compose(*OVERRIDES, "eval.enabled=false"), tmp_path / "b")
+    assert built == []  # nothing loaded, cleaned or tokenised again
+    summaries = [json.loads((tmp_path / d / "train_summary.json").read_text()) for d in "ab"]
+    for key in ("best_valid_loss", "final_valid_loss", "train_tokens"):
+        assert summaries[0][key] == summaries[1][key]
+    assert summaries[0]["train_pairs"] == summaries[1]["train_pairs"] > 0
+
+
+def test_the_store_is_named_by_what_it_depends_on(tmp_path):
+    cfg = compose(*SMOKE)
+    key = store_key(cfg.data, cfg.tokenizer)
+    assert key == store_key(compose(*SMOKE, "trainer.max_positions=9").data, cfg.tokenizer)
+    assert key != store_key(compose(*SMOKE, "data.seed=7").data, cfg.tokenizer)
+    assert key != store_key(cfg.data, compose(*SMOKE, "tokenizer.vocab_size=512").tokenizer)
+    assert prepared(tmp_path, key) == tmp_path / "stores" / key
+
+
+def test_a_damaged_store_is_refused_in_one_line(tmp_path):
+    run(compose(*OVERRIDES, "eval.enabled=false"), tmp_path / "run")
+    tokenizer = load_tokenizer(tmp_path / "run" / "tokenizer")
+    write_store(tmp_path / "store", [[5, 6]], [[7]], tokenizer)
+    np.arange(3, dtype=np.int64).tofile(tmp_path / "store" / "src.off")
+    with pytest.raises(DataError, match="is damaged .*src.off does not match.*delete it"):
+        open_store(tmp_path / "store")
