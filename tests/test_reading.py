@@ -12,6 +12,7 @@ from posenc.analysis.report.findings import (
     DISAGREE,
     NOISE,
     NOT_EVERY_SEED,
+    ONE_SEED,
     UNINFORMATIVE,
     WORSE,
     holm,
@@ -140,3 +141,11 @@ def test_the_verdict_needs_both_metrics_every_seed_and_the_correction():
     assert verdict({"bleu": 0.01, "chrf": 0.3}, both, floor=False) == DISAGREE
     assert verdict({"bleu": 0.2, "chrf": 0.3}, both, floor=False) == NOISE
     assert verdict({"bleu": 0.01, "chrf": 0.02}, both, floor=True) == UNINFORMATIVE
+    one = seed_difference(entries({0: 10.0}), entries({0: 9.0}), "bleu")
+    assert verdict({"bleu": 0.01, "chrf": 0.02}, {"bleu": one, "chrf": one}, False) == ONE_SEED
+
+
+def test_one_seed_is_never_a_finding_and_the_reading_says_why():
+    text = split_reading(rows("t", {"a": 20.0, "b": 15.0}, {"b": ONE_SEED}, seeds=1), "t")
+    assert "b: worse on the test sentences, with one training seed only" in text
+    assert "No encoding is found worse" in text

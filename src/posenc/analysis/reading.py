@@ -14,6 +14,7 @@ from posenc.analysis.report.findings import (
     NOISE,
     NOISE_FLOOR_BLEU,
     NOT_EVERY_SEED,
+    ONE_SEED,
     VERDICTS,
     WORSE,
 )
@@ -96,6 +97,11 @@ def split_reading(rows: Sequence[Mapping[str, Any]], split: str) -> str | None:
         parts.append(
             f"{_names(by_verdict[NOT_EVERY_SEED])}: worse on the pooled test sentences but not on "
             "every seed, so not a finding. "
+        )
+    if by_verdict[ONE_SEED]:
+        parts.append(
+            f"{_names(by_verdict[ONE_SEED])}: worse on the test sentences, with one training seed "
+            "only (a finding needs two at least). "
         )
     if by_verdict[DISAGREE]:
         parts.append(f"BLEU and chrF disagree on {_names(by_verdict[DISAGREE])}. ")

@@ -21,9 +21,10 @@ NOISE_FLOOR_BLEU = 2.0
 WORSE = "worse"  #: a finding: worse than the baseline on both metrics, every seed, corrected
 DISAGREE = "BLEU and chrF disagree"
 NOT_EVERY_SEED = "not on every seed"
+ONE_SEED = "one seed only"  #: significant, but a finding needs two training seeds at least
 NOISE = "within noise"
 UNINFORMATIVE = "uninformative (noise floor)"
-VERDICTS = (WORSE, DISAGREE, NOT_EVERY_SEED, NOISE, UNINFORMATIVE)
+VERDICTS = (WORSE, DISAGREE, NOT_EVERY_SEED, ONE_SEED, NOISE, UNINFORMATIVE)
 
 
 def holm(p_values: Mapping[str, float]) -> dict[str, float]:
@@ -91,4 +92,6 @@ def verdict(
         return DISAGREE
     if all(differences[m].every_seed for m in p_adjusted):
         return WORSE
+    if any(len(differences[m].per_seed) < 2 for m in p_adjusted):
+        return ONE_SEED
     return NOT_EVERY_SEED

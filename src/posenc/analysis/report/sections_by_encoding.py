@@ -224,10 +224,13 @@ def section_curves(
 
 def settling_line(w: Writer, groups: Sequence[Group]) -> None:
     """Whether the ranking by mean validation loss is the same at the last two validations that
-    every run logged (the study's rule for a budget long enough), with Kendall's tau."""
-    rankings = rankings_at_last_validations(
-        {g.label: [r.curves["steps"] for r in g.runs if "steps" in r.curves] for g in groups}
-    )
+    every finished run logged (the study's rule for a budget long enough), with Kendall's tau;
+    unfinished runs are left out, as their last validations would decide the steps compared."""
+    finished = {
+        g.label: [r.curves["steps"] for r in g.runs if r.status == DONE and "steps" in r.curves]
+        for g in groups
+    }
+    rankings = rankings_at_last_validations({k: v for k, v in finished.items() if v})
     if len(rankings) < 2:
         return
     (before, first), (last, second) = rankings
