@@ -11,8 +11,10 @@
 #   scaling    the seed report's four and BEST (two encodings, e.g. BEST=rope,xl) at model=small
 #              and 8,000 steps (4x compare's), seed 0: does the short budget's ranking hold?
 # Usage: BUDGET=SECONDS STAGES="compare beam5" bash scripts/study.sh
-# BUDGET bounds the whole call (SIGTERM: the running steps finish and are checkpointed); running
-# it again resumes: finished runs return at once, unfinished ones continue from their checkpoint.
+# BUDGET bounds the whole call: then the sweep gets SIGTERM and its jobs end (an unfinished run
+# loses at most trainer.valid_every steps, back to its last checkpoint; to stop exactly after a
+# step, send SIGTERM to the joblib worker processes themselves). Running it again resumes:
+# finished runs return at once, unfinished ones continue from their checkpoint.
 # Then: scripts/report.py on each sweep (docs/RESULTS.md says which), scripts/update_results.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
