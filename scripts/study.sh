@@ -23,7 +23,7 @@ STAGES=${STAGES:-compare beam5 extrap}
 SEEDS=${SEEDS:-0 1 2}
 BUDGET=${BUDGET:-36000}
 deadline=$(($(date +%s) + BUDGET))
-common=(threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=2 trainer.progress=false)
+common=(threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=2 trainer.progress=false logger.csv=true)
 
 left() { echo $((deadline - $(date +%s))); }
 bounded() {  # run "$@" within what is left of the budget; the study ends once it is spent
