@@ -32,7 +32,7 @@ from posenc.evaluation.evaluate import archive_evaluation, evaluate
 from posenc.runtime import distributed
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.device import resolve_device
-from posenc.runtime.files import LinkRefused, links_leaving
+from posenc.runtime.files import LinkRefused, refuse_links_leaving
 from posenc.runtime.lock import RunLockedError, run_lock
 from posenc.runtime.rundir import RunDir, check_run_name, run_dir_name
 from posenc.runtime.untrusted import UntrustedFileError, read_config
@@ -138,12 +138,7 @@ def claim(cfg: DictConfig, run_dir: RunDir) -> DictConfig | None:
         LinkRefused: it holds symbolic links leading out of it.
     """
     path = run_dir.path
-    leaving = links_leaving(path) if path.is_dir() else []
-    if leaving:
-        raise LinkRefused(
-            f"{leaving[0]} is a symbolic link leading out of the run directory "
-            f"({len(leaving)} such link(s)); posenc writes nothing through them: remove them"
-        )
+    refuse_links_leaving(path)
     if not run_dir.config.exists():
         present = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
         foreign = [name for name in present if name not in HYDRA_FILES | {".lock"}]

@@ -38,9 +38,9 @@ from posenc.runtime import untrusted
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.cli import one_line_errors
 from posenc.runtime.device import resolve_device
-from posenc.runtime.files import links_leaving, write_json
+from posenc.runtime.files import LinkRefused, refuse_links_leaving
 from posenc.runtime.lock import RunLockedError, run_lock
-from posenc.runtime.rundir import cut_name
+from posenc.runtime.rundir import RunDir, cut_name
 from posenc.runtime.untrusted import UntrustedFileError, read_config
 
 log = logging.getLogger("posenc.evaluation")
@@ -135,12 +135,10 @@ def check_run_dir(run_dir: Path) -> None:
     symbolic link leading out of it."""
     if not (run_dir / "config.yaml").exists():
         raise SystemExit(f"{run_dir / 'config.yaml'} not found: is {run_dir} a posenc run?")
-    leaving = links_leaving(run_dir)
-    if leaving:
-        raise SystemExit(
-            f"{leaving[0]} is a symbolic link leading out of the run directory; posenc writes "
-            "nothing through them: remove it"
-        )
+    try:
+        refuse_links_leaving(run_dir)
+    except LinkRefused as err:
+        raise SystemExit(str(err)) from None
     if (run_dir / "failed.json").exists():
         try:
             failed = _checked(run_dir / "failed.json", untrusted.check_failure)
@@ -197,11 +195,8 @@ def evaluate_into(cfg: DictConfig, run_dir: Path, out_dir: Path, loaded: tuple) 
     except (SystemExit, KeyboardInterrupt, OSError, ValueError, CheckpointError):
         raise
     except Exception as err:
-        out_dir.mkdir(exist_ok=True)
-        write_json(
-            out_dir / "failed.json",
-            {"error": type(err).__name__, "message": str(err), "traceback": traceback.format_exc()},
-        )
+        message = (str(err).splitlines() or [""])[0]
+        RunDir(out_dir).record_failure(type(err).__name__, message, traceback.format_exc())
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -111,3 +111,14 @@ def links_leaving(root: Path) -> list[Path]:
             if path.is_symlink() and not Path(os.path.realpath(path)).is_relative_to(top):
                 found.append(path)
     return sorted(found)
+
+
+def refuse_links_leaving(root: Path) -> None:
+    """Raise :class:`LinkRefused` (one line) when ``root`` holds symbolic links leading out of
+    it (:func:`links_leaving`); nothing when ``root`` does not exist."""
+    leaving = links_leaving(root) if root.is_dir() else []
+    if leaving:
+        raise LinkRefused(
+            f"{leaving[0]} is a symbolic link leading out of the run directory "
+            f"({len(leaving)} such link(s)); posenc writes nothing through them: remove them"
+        )
