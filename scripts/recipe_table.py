@@ -36,7 +36,7 @@ def recipe_rows(sweep: Path, minutes: list[float]) -> list[dict]:
     steps, tokens per second and parameters of its training summary."""
     rows = []
     for run_dir in find_run_dirs(sweep, sweep / "report"):
-        curve = read_curves(run_dir / "tb").get("time")
+        curve = read_curves(run_dir).get("time")
         if curve is None:
             continue
         summary = read_json(run_dir / "train_summary.json") or {}

@@ -15,6 +15,9 @@
 # loses at most trainer.valid_every steps, back to its last checkpoint; to stop exactly after a
 # step, send SIGTERM to the joblib worker processes themselves). Running it again resumes:
 # finished runs return at once, unfinished ones continue from their checkpoint.
+# outputs/ may not outlive the machine: every sweep's finished runs are archived as text in
+# docs/study/runs/<sweep>/ (scripts/archive_runs.py: at the start, every ARCHIVE_EVERY seconds and
+# at the end) and restored from there before the sweep resumes; commit docs/study/runs.
 # Then: scripts/report.py on each sweep (docs/RESULTS.md says which), scripts/update_results.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +27,24 @@ SEEDS=${SEEDS:-0 1 2}
 BUDGET=${BUDGET:-36000}
 deadline=$(($(date +%s) + BUDGET))
 common=(threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=2 trainer.progress=false logger.csv=true)
+
+ARCHIVE_EVERY=${ARCHIVE_EVERY:-300}
+SWEEPS=(compare extrapolation seed_report scaling)
+
+archive() {  # save (or restore) every sweep's finished runs as text in docs/study/runs
+  local sweep
+  for sweep in "${SWEEPS[@]}"; do
+    if [ "$1" = save ] && [ -d "outputs/sweeps/$sweep" ]; then
+      $PY scripts/archive_runs.py save "outputs/sweeps/$sweep" "docs/study/runs/$sweep"
+    elif [ "$1" = restore ] && [ -d "docs/study/runs/$sweep" ]; then
+      $PY scripts/archive_runs.py restore "docs/study/runs/$sweep" "outputs/sweeps/$sweep"
+    fi
+  done
+}
+archive restore
+(while sleep "$ARCHIVE_EVERY"; do archive save; done) &
+archiver=$!
+trap 'kill $archiver 2>/dev/null; archive save' EXIT
 
 left() { echo $((deadline - $(date +%s))); }
 bounded() {  # run "$@" within what is left of the budget; the study ends once it is spent

@@ -21,7 +21,7 @@ from posenc.analysis.report.benchtime import add_bench_curves, bench_step_second
 from posenc.analysis.report.build import build_report, main, scores_summary
 from posenc.analysis.report.curves import kendall_tau, rankings_at_last_validations
 from posenc.analysis.report.render import SECTIONS, Table, slug
-from posenc.analysis.report.runs import ReportError, Run, load_run, reference_of
+from posenc.analysis.report.runs import ReportError, Run, load_run, read_curves, reference_of
 from posenc.analysis.report.sections_by_encoding import setup_groups
 from posenc.analysis.report.sections_by_split import SEEDS_COLUMN
 from posenc.analysis.report.stats import bucket_position, length_limits, mean_std
@@ -29,6 +29,7 @@ from posenc.config import LENGTH_LIMITS, reference_encoding
 from posenc.evaluation.metrics import bleu_chrf
 from posenc.job import run
 from posenc.runtime.hparams import EXPERIMENT_DIR
+from posenc.runtime.sinks import CsvSink
 from posenc.runtime.tblog import RunLogger
 
 SHORT = (
@@ -431,3 +432,24 @@ def test_curves_are_also_drawn_against_benchmark_time(sweep, tmp_path):
     bench.write_text('{"settings": {}}')
     with pytest.raises(SystemExit, match="bench.json: summary is missing"):
         main([str(sweep), "--out", str(tmp_path / "r2"), "--bench", str(bench)])
+
+
+def test_a_run_archived_as_text_draws_the_same_curves_from_its_scalars_csv(tmp_path):
+    """A run whose ``tb/`` is gone (archived as text) is read from ``scalars.csv``; a row cut
+    short by a kill and rows of other tags are skipped."""
+    logged, archived = tmp_path / "logged", tmp_path / "archived"
+    archived.mkdir()
+    logger = RunLogger(logged / "tb", sinks=[CsvSink(archived / "scalars.csv")])
+    for step, (train, valid) in enumerate([(9.5, 8.25), (7.125, 6.5), (5.0625, 4.75)], start=1):
+        logger.scalars(10 * step, {"train/loss": train, "valid/loss": valid, "lr": 0.1})
+        logger.against_time("valid_loss", valid, 3.5 * step)
+    logger.close()
+    with open(archived / "scalars.csv", "a", encoding="utf-8") as handle:
+        handle.write("valid/loss,40,4.5\n")  # killed mid-row
+    from_events, from_csv = read_curves(logged), read_curves(archived)
+    assert sorted(from_csv) == sorted(from_events) == ["steps", "time", "train_steps"]
+    for name, (x, y) in from_events.items():
+        np.testing.assert_array_equal(from_csv[name][0], x)
+        np.testing.assert_array_equal(from_csv[name][1], y)
+    assert list(from_csv["time"][0]) == [3.0, 7.0, 10.0]
+    assert read_curves(tmp_path / "nothing") == {}

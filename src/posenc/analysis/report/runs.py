@@ -4,6 +4,8 @@ and split."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from posenc.runtime.untrusted import (
     check_summary,
     read_config,
     read_json,
+    read_text,
 )
 
 DONE, FAILED, UNFINISHED = "done", "failed", "unfinished"
@@ -119,27 +122,70 @@ def first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-def read_curves(tb_dir: Path) -> dict[str, Curve]:
-    """The learning curves of :data:`CURVE_TAGS` from TensorBoard events (``{"steps": (x, y),
-    "time": (x, y), "train_steps": ..., "train_time": ...}``, the tags that exist; the last
-    value of a step wins); ``{}`` without events or when they cannot be read."""
-    if not tb_dir.is_dir():
-        return {}
+def read_curves(run_dir: Path) -> dict[str, Curve]:
+    """The learning curves of :data:`CURVE_TAGS` (``{"steps": (x, y), "time": (x, y),
+    "train_steps": ..., "train_time": ...}``, the tags that exist; the last value of a step
+    wins) from the run's TensorBoard events ``RUN/tb/``, or from ``RUN/scalars.csv`` when it has
+    no events (a run archived as text); ``{}`` when neither can be read."""
+    if (run_dir / "tb").is_dir():
+        return _curves(_event_points(run_dir / "tb"))
+    if (run_dir / "scalars.csv").is_file():
+        return _curves(_csv_points(run_dir / "scalars.csv"))
+    return {}
+
+
+#: the points of each tag: ``{tag: {step: value}}``
+Points = dict[str, dict[float, float]]
+
+
+def _curves(points: Points) -> dict[str, Curve]:
+    """:data:`CURVE_TAGS`' curves from each tag's points, sorted by step."""
+    curves: dict[str, Curve] = {}
+    for name, tag in CURVE_TAGS.items():
+        if points.get(tag):
+            steps = sorted(points[tag])
+            values = [points[tag][s] for s in steps]
+            curves[name] = (np.array(steps, dtype=float), np.array(values, dtype=float))
+    return curves
+
+
+def _event_points(tb_dir: Path) -> Points:
+    """The points of :data:`CURVE_TAGS` in TensorBoard events; none when they cannot be read."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     try:
         events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
         events.Reload()
-        tags = set(events.Tags().get("scalars", []))
-        curves: dict[str, Curve] = {}
-        for name, tag in CURVE_TAGS.items():
-            if tag in tags:
-                points = {e.step: e.value for e in events.Scalars(tag)}
-                x = np.array(sorted(points), dtype=float)
-                curves[name] = (x, np.array([points[s] for s in sorted(points)], dtype=float))
+        tags = set(events.Tags().get("scalars", [])) & set(CURVE_TAGS.values())
+        return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in tags}
     except Exception:  # a half-written event file of a running job must not stop the report
         return {}
-    return curves
+
+
+#: the largest ``scalars.csv`` the report reads
+MAX_CSV_BYTES = 200_000_000
+
+
+def _csv_points(path: Path) -> Points:
+    """The points of :data:`CURVE_TAGS` in a ``scalars.csv`` (``tag,step,value,wall_time``);
+    rows that are not of that form (a row cut short by a kill) are skipped; none when the file
+    cannot be read."""
+    try:
+        text = read_text(path, MAX_CSV_BYTES)
+    except UntrustedFileError:
+        return {}
+    wanted = set(CURVE_TAGS.values())
+    points: Points = {}
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) != 4 or row[0] not in wanted:
+            continue
+        try:
+            step, value = float(row[1]), float(row[2])
+        except ValueError:
+            continue
+        if np.isfinite(step):
+            points.setdefault(row[0], {})[step] = value
+    return points
 
 
 def find_run_dirs(sweep: Path, out: Path) -> list[Path]:
@@ -172,7 +218,7 @@ def load_run(path: Path, sweep: Path, evaluation: str | None = None) -> Run:
     except UntrustedFileError as err:  # a broken config is a failed run in the table, not a crash
         return Run(name, path, {}, FAILED, str(err))
     results = path / "evals" / evaluation if evaluation else path
-    run = Run(name, path, config, curves=read_curves(path / "tb"), results=results)
+    run = Run(name, path, config, curves=read_curves(path), results=results)
     try:
         if evaluation:  # the run's settings as the evaluation changed them, none stale left over
             run.config = _evaluation_settings(results) or config
