@@ -171,3 +171,42 @@ def test_lr_search_table_gives_each_encodings_best_rate_and_every_trial(tmp_path
     text = script["table"](tmp_path)
     assert "| rope | 0.004 | 5.400 | 0.002: 5.500, 0.004: 5.400 |" in text
     assert "| sinpe | 0.001 | 5.900 | 0.001: 5.900, 0.003: 6.000 |" in text
+
+
+def test_archive_runs_keeps_finished_runs_as_text_and_restores_them_without_overwriting(tmp_path):
+    script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
+    sweep, archive = tmp_path / "sweep", tmp_path / "archive"
+    files = {
+        "config.yaml": "seed: 0\n",
+        "metrics.json": "{}",
+        "train_summary.json": "{}",
+        "hypotheses.test.txt": "a\n",
+        "scalars.csv": "tag,step,value,wall_time\n",
+        "evals/beam5/metrics.json": "{}",
+        "evals/beam5/eval_config.yaml": "seed: 0\n",
+        "checkpoints/last.pt": "weights",
+        "tb/events.out": "events",
+    }
+    for name in ("done", "unfinished"):
+        for path, text in files.items():
+            if name == "done" or path == "config.yaml":
+                (sweep / name / path).parent.mkdir(parents=True, exist_ok=True)
+                (sweep / name / path).write_text(text)
+    (sweep / "done" / "hypotheses.long.txt").symlink_to(tmp_path / "elsewhere.txt")
+    script["save"](sweep, archive)
+    kept = sorted(str(p.relative_to(archive)) for p in archive.rglob("*") if p.is_file())
+    assert kept == sorted(f"done/{p}" for p in files if not p.startswith(("checkpoints", "tb")))
+
+    (sweep / "done" / "hypotheses.test.txt").write_text("b\n")  # the run was continued
+    (sweep / "done" / "evals" / "beam5" / "metrics.json").unlink()
+    script["save"](sweep, archive)
+    assert (archive / "done" / "hypotheses.test.txt").read_text() == "b\n"
+    assert not (archive / "done" / "evals" / "beam5" / "metrics.json").exists()
+
+    restored = tmp_path / "restored"
+    (restored / "done").mkdir(parents=True)  # a run already there is never overwritten
+    script["restore"](archive, restored)
+    assert list((restored / "done").iterdir()) == []
+    (restored / "done").rmdir()
+    script["restore"](archive, restored)
+    assert (restored / "done" / "hypotheses.test.txt").read_text() == "b\n"
