@@ -16,7 +16,7 @@
 # step, send SIGTERM to the joblib worker processes themselves). Running it again resumes:
 # finished runs return at once, unfinished ones continue from their checkpoint.
 # outputs/ may not outlive the machine: every sweep's finished runs are archived as text in
-# docs/study/runs/<sweep>/ (scripts/archive_runs.py: at the start, every ARCHIVE_EVERY seconds and
+# $ARCHIVE/<sweep>/ (default docs/study/runs; scripts/archive_runs.py: at the start, every ARCHIVE_EVERY seconds and
 # at the end) and restored from there before the sweep resumes; commit docs/study/runs.
 # Then: scripts/report.py on each sweep (docs/RESULTS.md says which), scripts/update_results.py.
 set -uo pipefail
@@ -29,15 +29,16 @@ deadline=$(($(date +%s) + BUDGET))
 common=(threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=2 trainer.progress=false logger.csv=true)
 
 ARCHIVE_EVERY=${ARCHIVE_EVERY:-300}
+ARCHIVE=${ARCHIVE:-docs/study/runs}  # where the runs are kept as text (another checkout's, say)
 SWEEPS=(compare extrapolation seed_report scaling)
 
-archive() {  # save (or restore) every sweep's finished runs as text in docs/study/runs
+archive() {  # save (or restore) every sweep's finished runs as text in $ARCHIVE
   local sweep
   for sweep in "${SWEEPS[@]}"; do
     if [ "$1" = save ] && [ -d "outputs/sweeps/$sweep" ]; then
-      $PY scripts/archive_runs.py save "outputs/sweeps/$sweep" "docs/study/runs/$sweep"
-    elif [ "$1" = restore ] && [ -d "docs/study/runs/$sweep" ]; then
-      $PY scripts/archive_runs.py restore "docs/study/runs/$sweep" "outputs/sweeps/$sweep"
+      $PY scripts/archive_runs.py save "outputs/sweeps/$sweep" "$ARCHIVE/$sweep"
+    elif [ "$1" = restore ] && [ -d "$ARCHIVE/$sweep" ]; then
+      $PY scripts/archive_runs.py restore "$ARCHIVE/$sweep" "outputs/sweeps/$sweep"
     fi
   done
 }
