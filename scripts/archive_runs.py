@@ -6,8 +6,11 @@ machine it was written on, and put them back before the sweep resumes.
 
 ``save`` copies, for every run trained and evaluated to its last step, the files a report reads
 (:data:`ARCHIVED`: settings, scores, training summary, hypotheses, ``scalars.csv`` of the curves,
-standalone evaluations under ``evals/``), never checkpoints or TensorBoard events; a run's archive
-follows the run (a continued run replaces its earlier archive). ``restore`` copies archived runs
+standalone evaluations under ``evals/``), never checkpoints or TensorBoard events, with paths
+inside the checkout the runs were made in written relative to it and the home directory ``~``
+(:mod:`posenc.analysis.portable`); a continued run replaces its archived files, and a file the
+run lacks is never deleted from the archive (a ``scalars.csv`` made from the events of a run that
+had none stays). ``restore`` copies archived runs
 into a sweep that lacks them, never over a run that is there. A restored run answers "nothing to
 do" to the same settings and budget, and ``scripts/report.py`` reads its curves from
 ``scalars.csv``. Symbolic links are never followed or copied.
@@ -16,10 +19,10 @@ do" to the same settings and budget, and ``scripts/report.py`` reads its curves 
 from __future__ import annotations
 
 import argparse
-import filecmp
-import shutil
 import sys
 from pathlib import Path
+
+from posenc.analysis.portable import portable
 
 #: the files of a run (and of each ``evals/NAME/``) kept as text, as glob patterns
 ARCHIVED = (
@@ -65,28 +68,35 @@ def run_dirs(sweep: Path) -> list[Path]:
     )
 
 
-def copy_run(source: Path, target: Path) -> bool:
-    """Make ``target`` hold exactly ``source``'s archived files; whether anything changed."""
-    wanted = archived_files(source)
+def copy_run(source: Path, target: Path, roots: tuple[Path, ...] = ()) -> bool:
+    """Copy ``source``'s archived files into ``target`` (``roots``: the checkouts whose paths
+    are made relative); whether anything changed."""
     changed = False
-    if target.is_dir():
-        for stale in set(archived_files(target)) - set(wanted):
-            (target / stale).unlink()
-            changed = True
-    for relative in wanted:
+    for relative in archived_files(source):
+        text = portable((source / relative).read_bytes(), roots)
         destination = target / relative
-        if destination.is_file() and filecmp.cmp(source / relative, destination, shallow=False):
+        if destination.is_file() and destination.read_bytes() == text:
             continue
         destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source / relative, destination)
+        destination.write_bytes(text)
         changed = True
     return changed
+
+
+def checkout_of(sweep: Path) -> Path:
+    """The checkout a sweep ``.../outputs/sweeps/NAME`` was made in (its runs' relative paths
+    are relative to it); the sweep's parent for any other layout."""
+    sweep = sweep.resolve()
+    for parent in sweep.parents:
+        if parent.name == "outputs":
+            return parent.parent
+    return sweep.parent
 
 
 def save(sweep: Path, archive: Path) -> None:
     """Archive every finished run of ``sweep`` under ``archive/<run name>/``."""
     for run in run_dirs(sweep):
-        if is_finished(run) and copy_run(run, archive / run.name):
+        if is_finished(run) and copy_run(run, archive / run.name, (checkout_of(sweep),)):
             print(f"archived {run.name}")
 
 

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from posenc.analysis.markdown import embed_report, fill_section
+from posenc.analysis.portable import portable
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = (
@@ -40,11 +41,7 @@ def copy_report(report_dir: Path, docs_dir: Path, roots: tuple[Path, ...] = (ROO
         if new.suffix == ".png":
             shutil.copy2(new, docs_dir / new.name)
         elif new.suffix in {".md", ".txt", ".csv"}:
-            text = new.read_bytes()
-            for root in roots:
-                text = text.replace(f"{root}/".encode(), b"")
-            text = text.replace(f"{Path.home()}/".encode(), b"~/")
-            (docs_dir / new.name).write_bytes(text)
+            (docs_dir / new.name).write_bytes(portable(new.read_bytes(), roots))
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
-"""Shared fixtures: tiny models built from the real ``configs/pe/*.yaml`` files."""
+"""Shared fixtures: tiny models built from the real ``configs/pe/*.yaml`` files, and small
+aligned text files for the data tests."""
 
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,29 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     """Tokenizers trained by tests go to one temporary cache; the hub is never contacted."""
     monkeypatch.setenv("POSENC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def write_pair(directory: Path, stem: str, src: list[str], tgt: list[str]) -> None:
+    path = directory / stem
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{path}.fr").write_text("".join(f"{s}\n" for s in src), encoding="utf-8")
+    Path(f"{path}.en").write_text("".join(f"{t}\n" for t in tgt), encoding="utf-8")
+
+
+def sentences(n: int, seed: int, words: int = 5) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(f"m{rng.randrange(500)}" for _ in range(words)) for _ in range(n)]
+
+
+@pytest.fixture
+def local_dir(tmp_path: Path) -> Path:
+    """Small aligned files: train (two stems), valid and test with one empty line each."""
+    write_pair(tmp_path, "corpus/train", sentences(60, 1), sentences(60, 2))
+    write_pair(tmp_path, "corpus/news", sentences(10, 3), sentences(10, 4))
+    valid_src, valid_tgt = sentences(30, 5), sentences(30, 6)
+    valid_tgt[7] = ""
+    write_pair(tmp_path, "dev", valid_src, valid_tgt)
+    test_src, test_tgt = sentences(20, 7), sentences(20, 8)
+    test_src[3] = "   "
+    write_pair(tmp_path, "test", test_src, test_tgt)
+    return tmp_path

@@ -8,8 +8,9 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from posenc.model.encodings.alibi import SPLIT_PENALTY, ALiBiEncoding, alibi_slopes
+from posenc.model.encodings.alibi import ALiBiEncoding, alibi_slopes
 from posenc.model.encodings.base import AttentionCall, Site, masked_softmax
+from posenc.model.encodings.common import SPLIT_PENALTY
 
 
 def _paper_get_slopes(n: int) -> list[float]:

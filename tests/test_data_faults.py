@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from posenc.data.batching import TokenBatcher, collate
-from posenc.data.corpora import MAX_LINE_CHARS, clean_pairs, load_corpora, read_lines
+from posenc.data.corpora import clean_pairs, load_corpora, read_lines
 from posenc.data.corpus import Corpus, DataError
+from posenc.data.streams import MAX_LINE_CHARS
 from posenc.data.tokenizer import Tokenizer, build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,20 +7,22 @@ import torch
 from conftest import PE_NAMES, pe_config, tiny_model
 
 from posenc.model.attention import MultiHeadAttention
+from posenc.model.encodings import encoding_class
 from posenc.model.encodings.base import AttentionCall, AttentionRule, EncodingModule
 from posenc.model.layers import DecoderCache, FeedForward
 from posenc.training.optim import parameter_groups
 
-ENCODER_FORM_OPTIONS = [
-    (name, {"encoder_bias": form})
-    for name in ("alibi", "kerple")
-    for form in ("symmetric", "asymmetric", "split")
-] + [("deberta", {"position_buckets": 256}), ("deberta", {"p2c_distance": "i-j"})]
-"""The forms that configs choose between, beyond each config's default."""
+OPTION_FORMS = [
+    (name, dict(overrides))
+    for name in PE_NAMES
+    for overrides in encoding_class(pe_config(name)["_target_"], name).option_forms
+]
+"""The forms that configs choose between, as each encoding class declares them
+(:attr:`StackEncoding.option_forms`), run besides each config's own."""
 
 every_form = pytest.mark.parametrize(
     ("name", "overrides"),
-    [(name, {}) for name in PE_NAMES] + ENCODER_FORM_OPTIONS,
+    [(name, {}) for name in PE_NAMES] + OPTION_FORMS,
     ids=lambda value: value if isinstance(value, str) else "-".join(map(str, value.values())),
 )
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from posenc.model.encodings.alibi import SPLIT_PENALTY
 from posenc.model.encodings.base import Site
+from posenc.model.encodings.common import SPLIT_PENALTY
 from posenc.model.encodings.kerple import KerpleEncoding
 
 

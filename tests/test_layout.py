@@ -91,3 +91,39 @@ def test_no_encoding_is_named_in_code_outside_its_module(path):
         if m.startswith("posenc.model.encodings.") and m != "posenc.model.encodings.base"
     ]
     assert named == [] and encoding_modules == []
+
+
+ENCODINGS = "posenc.model.encodings"
+#: the modules an encoding module may import from its own package
+ENCODING_LIBRARIES = {f"{ENCODINGS}.base", f"{ENCODINGS}.common"}
+
+
+def package_imports(path: Path) -> list[str]:
+    """Every module of :data:`ENCODINGS`, or the package itself, that ``path`` imports at any
+    depth: ``import M``, ``from M import x``, ``from PACKAGE import M``, relative imports."""
+    package = module_name(path).rsplit(".", 1)[0]
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module) if part)
+            for alias in node.names:  # ``from PACKAGE import M`` imports the module M
+                full = f"{module}.{alias.name}"
+                names.append(full if ENCODINGS in (module, full) else module)
+    inside = (name for name in names if name == ENCODINGS or name.startswith(f"{ENCODINGS}."))
+    return list(dict.fromkeys(inside))
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for p in (SRC / "model" / "encodings").glob("*.py") if p.name != "__init__.py"),
+    ids=lambda p: p.stem,
+)
+def test_encoding_modules_import_no_other_encoding(path):
+    """Encoding modules are leaves: each imports only ``base`` and ``common`` of its package
+    (what two or more encodings share lives in ``common``), so one encoding's module can change
+    without touching another's."""
+    others = [m for m in package_imports(path) if m not in ENCODING_LIBRARIES]
+    assert others == [], f"{module_name(path)} imports {others}; encodings import only base, common"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import runpy
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,11 +174,14 @@ def test_lr_search_table_gives_each_encodings_best_rate_and_every_trial(tmp_path
     assert "| sinpe | 0.001 | 5.900 | 0.001: 5.900, 0.003: 6.000 |" in text
 
 
-def test_archive_runs_keeps_finished_runs_as_text_and_restores_them_without_overwriting(tmp_path):
+def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_overwriting(
+    tmp_path,
+):
     script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
-    sweep, archive = tmp_path / "sweep", tmp_path / "archive"
+    checkout = tmp_path / "checkout"
+    sweep, archive = checkout / "outputs" / "sweeps" / "compare", tmp_path / "archive"
     files = {
-        "config.yaml": "seed: 0\n",
+        "config.yaml": f"dir: {checkout}/../shared/data\ncache_dir: {Path.home()}/.cache\n",
         "metrics.json": "{}",
         "train_summary.json": "{}",
         "hypotheses.test.txt": "a\n",
@@ -196,12 +200,14 @@ def test_archive_runs_keeps_finished_runs_as_text_and_restores_them_without_over
     script["save"](sweep, archive)
     kept = sorted(str(p.relative_to(archive)) for p in archive.rglob("*") if p.is_file())
     assert kept == sorted(f"done/{p}" for p in files if not p.startswith(("checkpoints", "tb")))
+    config = (archive / "done" / "config.yaml").read_text()
+    assert config == "dir: ../shared/data\ncache_dir: ~/.cache\n"
 
     (sweep / "done" / "hypotheses.test.txt").write_text("b\n")  # the run was continued
-    (sweep / "done" / "evals" / "beam5" / "metrics.json").unlink()
+    (sweep / "done" / "scalars.csv").unlink()  # a file the run lacks stays archived
     script["save"](sweep, archive)
     assert (archive / "done" / "hypotheses.test.txt").read_text() == "b\n"
-    assert not (archive / "done" / "evals" / "beam5" / "metrics.json").exists()
+    assert (archive / "done" / "scalars.csv").is_file()
 
     restored = tmp_path / "restored"
     (restored / "done").mkdir(parents=True)  # a run already there is never overwritten

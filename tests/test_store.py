@@ -10,14 +10,21 @@ import numpy as np
 import pytest
 from conftest import SMOKE, compose
 
+import posenc.data.prepare as prepare_module
 from posenc.data.corpus import DataError
-from posenc.data.store import open_store, prepared, store_key, write_store
+from posenc.data.store import StoreWriter, open_store, prepared, store_key
 from posenc.data.tokenizer import load_tokenizer
 from posenc.job import run
-from posenc.training import inputs
 from posenc.training.inputs import encode_pairs
 
 OVERRIDES = (*SMOKE, "pe=nonepe", "trainer.max_steps=6", "trainer.valid_every=2")
+
+
+def write_store(directory, src, tgt, tokenizer) -> None:
+    """A store of these rows, written at once."""
+    with StoreWriter(directory, tokenizer.vocab_size) as writer:
+        writer.append(src, tgt)
+        writer.finish(tokenizer)
 
 
 def test_a_store_gives_back_every_pair_and_keeps_what_the_length_limits_keep(tmp_path):
@@ -56,8 +63,8 @@ def test_limits_select_the_rows_and_order_encode_pairs_keeps(tmp_path):
 def test_a_second_run_reads_the_prepared_corpus_and_trains_identically(tmp_path, monkeypatch):
     run(compose(*OVERRIDES, "eval.enabled=false"), tmp_path / "a")
     built = []
-    real = inputs._prepare_store
-    monkeypatch.setattr(inputs, "_prepare_store", lambda *a: built.append(a) or real(*a))
+    real = prepare_module.prepare_store
+    monkeypatch.setattr(prepare_module, "prepare_store", lambda *a: built.append(a) or real(*a))
     run(compose(*OVERRIDES, "eval.enabled=false"), tmp_path / "b")
     assert built == []  # nothing loaded, cleaned or tokenised again
     summaries = [json.loads((tmp_path / d / "train_summary.json").read_text()) for d in "ab"]

@@ -8,7 +8,8 @@ from conftest import tiny_model
 from transformers.models.t5.modeling_t5 import T5Attention
 
 from posenc.model.encodings.base import Site
-from posenc.model.encodings.t5 import T5Encoding, relative_position_bucket
+from posenc.model.encodings.common import relative_position_bucket
+from posenc.model.encodings.t5 import T5Encoding
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])

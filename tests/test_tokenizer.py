@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+import posenc.data.bpe as bpe_module
 import posenc.data.tokenizer as tokenizer_module
 from posenc.data.corpora import load_corpora
 from posenc.data.corpus import Corpus, DataError
@@ -116,7 +117,7 @@ def test_bpe_cache_is_reused_not_retrained(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the cached BPE should have been reused")
 
-    monkeypatch.setattr(tokenizer_module, "_train_bpe", no_training)
+    monkeypatch.setattr(bpe_module, "_train_bpe", no_training)
     shuffled = Corpus("train", FRENCH[::-1] * 20, ENGLISH[::-1] * 20)  # same pairs, other order
     second = build_tokenizer(cfg, shuffled, tmp_path)
     assert second.path == first.path and second.path.stat().st_mtime_ns == stamp
@@ -134,13 +135,13 @@ def test_bpe_cache_is_reused_not_retrained(tmp_path, monkeypatch):
 
 def test_concurrent_builds_train_once(tmp_path, monkeypatch):
     calls = []
-    train = tokenizer_module._train_bpe
+    train = bpe_module._train_bpe
 
     def counted(*args, **kwargs):
         calls.append(1)
         return train(*args, **kwargs)
 
-    monkeypatch.setattr(tokenizer_module, "_train_bpe", counted)
+    monkeypatch.setattr(bpe_module, "_train_bpe", counted)
     cfg = tokenizer_config("bpe", vocab_size=1100)
     built: list[Tokenizer] = []
     threads = [

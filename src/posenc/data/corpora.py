@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from posenc.config import plain
@@ -25,15 +24,21 @@ from posenc.data.corpus import (
     require,
     resolve_path,
 )
+from posenc.data.streams import (
+    Cleaner,
+    carve_holdout,
+    held_out_sets,
+    kept_pairs,
+    lines,
+    normalise,
+    pairs,
+    sendable_pairs,
+    shuffled_order,
+    training_pairs,
+)
 from posenc.data.toy import load_toy
 
 log = logging.getLogger("posenc.data.corpora")
-
-MAX_LINE_CHARS = 10_000  # longer lines are broken input (no sentence is this long): dropped
-# Control characters that are not whitespace (whitespace ones, tab or CR, become spaces)
-CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
-CLEAN_FILTERS = ("empty", "length", "ratio", "duplicate")
-CLEAN_SETTINGS = ("min_words", "max_words", "max_ratio", "dedup")
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,6 +73,38 @@ def load_corpora(cfg: Mapping, with_train: bool = True) -> dict[str, Corpus]:
     return _prepare(splits, cfg)
 
 
+def validation_split(cfg: Mapping) -> Corpus:
+    """The ``valid`` split alone, as :func:`load_corpora` gives it (training needs nothing else
+    besides its prepared corpus); local data reads its file only."""
+    cfg = plain(cfg)
+    if cfg.get("kind") != "local":
+        return load_corpora(cfg, with_train=False)["valid"]
+    directory, _, _ = _local_files(cfg)
+    if cfg.get("valid") is None:
+        raise DataError("no file stem for split 'valid'; set data.valid")
+    valid = read_pair(directory, cfg["valid"], cfg["src_lang"], cfg["tgt_lang"], "valid")
+    return _prepare({"valid": valid}, cfg)["valid"]
+
+
+def training_stream(cfg: Mapping) -> Iterator[tuple[str, str]]:
+    """The training pairs of the ``data`` node as they are read, before cleaning, shuffling and
+    ``train_size`` (:func:`posenc.data.prepare.prepare_store` does those), one at a time: local
+    files without their held-out pairs, WMT14 from the hub, or the toy task."""
+    cfg = plain(cfg)
+    kind = cfg.get("kind")
+    if kind == "local":
+        _, stems, read = _local_files(cfg)
+        carving = carve_holdout(read, stems, cfg.get("holdout") or {}, int(cfg.get("seed", 0)))
+        yield from training_pairs(read, stems, carving)
+    elif kind == "wmt14":
+        yield from _hub_pairs(cfg, "train", cfg.get("train_size"))
+    elif kind == "toy":
+        train = load_toy(cfg)["train"]
+        yield from zip(train.src, train.tgt, strict=True)
+    else:
+        raise DataError(f"unknown data.kind {kind!r}; use one of toy, local, wmt14")
+
+
 def eval_splits(requested: Sequence[str], corpora: Mapping[str, Corpus]) -> list[str]:
     """The split names ``eval.splits`` asks for, in order; the entry ``all`` stands for every
     test split of the data (``test``, then the extra and held-out test sets; not ``valid``)."""
@@ -100,117 +137,37 @@ def _prepare(splits: dict[str, Corpus], cfg: dict) -> dict[str, Corpus]:
 
 
 def _prepare_train(train: Corpus, cfg: dict, seed: int) -> Corpus:
-    """The training split cleaned with ``cfg.clean``, shuffled with ``seed`` and cut to
-    ``cfg.train_size``."""
-    clean = cfg.get("clean")
-    if clean:
-        if set(clean) != set(CLEAN_SETTINGS):
-            raise DataError(
-                f"data.clean has keys {sorted(clean)}; it needs exactly {list(CLEAN_SETTINGS)}"
-            )
-        train, stats = clean_pairs(train, **clean)
-        log.info(
-            "train: %d pairs read; dropped %s; kept %d",
-            stats["input"],
-            ", ".join(f"{stats[k]} {k}" for k in CLEAN_FILTERS),
-            stats["kept"],
-        )
-        if not train.src:
-            worst = max(CLEAN_FILTERS, key=lambda k: stats[k])
-            raise DataError(
-                f"split 'train' is empty after cleaning: the {worst!r} filter dropped "
-                f"{stats[worst]} of {stats['input']} pairs; relax data.clean or check the files"
-            )
-    else:
-        train = _drop_empty(train)
-    order = list(range(len(train)))
-    random.Random(seed).shuffle(order)
-    if cfg.get("train_size") is not None:
-        order = order[: int(cfg["train_size"])]
-    return train.subset(order)
+    """The training split cleaned with ``cfg.clean`` (:func:`streams.kept_pairs`), shuffled
+    with ``seed`` and cut to ``cfg.train_size``."""
+    kept = list(kept_pairs(zip(train.src, train.tgt, strict=True), cfg.get("clean")))
+    order = shuffled_order(len(kept), seed, cfg.get("train_size"))
+    return Corpus(train.name, [kept[i][0] for i in order], [kept[i][1] for i in order])
 
 
 def _drop_empty(corpus: Corpus) -> Corpus:
     """``corpus`` without pairs that have an empty side or a side longer than
-    :data:`MAX_LINE_CHARS` characters; logs how many went."""
-    pairs = list(zip(corpus.src, corpus.tgt, strict=True))
-    keep = [i for i, (s, t) in enumerate(pairs) if s and t]
-    dropped = len(corpus) - len(keep)
-    if dropped:
-        log.info("%s: dropped %d pairs with an empty side", corpus.name, dropped)
-    short = [i for i in keep if max(len(pairs[i][0]), len(pairs[i][1])) <= MAX_LINE_CHARS]
-    if len(short) < len(keep):
-        log.warning(
-            "%s: dropped %d pairs with a side over %d characters (broken lines?)",
-            corpus.name,
-            len(keep) - len(short),
-            MAX_LINE_CHARS,
-        )
-        keep = short
-    if not keep:
-        raise DataError(
-            f"split {corpus.name!r} has no pair with two non-empty sides ({dropped} empty); "
-            "check its files"
-        )
-    return corpus.subset(keep)
-
-
-def _normalise(line: str) -> str:
-    """Whitespace runs (any Unicode whitespace, e.g. NBSP or tab) to one space, ends stripped;
-    other control characters (NUL, ESC, ...) removed."""
-    return " ".join(CONTROL.sub("", line).split())
+    :data:`~posenc.data.streams.MAX_LINE_CHARS` characters; logs how many went."""
+    both = list(sendable_pairs(corpus.name, zip(corpus.src, corpus.tgt, strict=True)))
+    return Corpus(corpus.name, [s for s, _ in both], [t for _, t in both])
 
 
 # --- local files -----------------------------------------------------------------------------
 
 
 def read_lines(path: Path) -> list[str]:
-    """The lines of a UTF-8 text file, whitespace-normalised (empty lines kept as ``""``).
-
-    Lines are split on ``\\n`` only (so alignment never depends on other Unicode line breaks);
-    a UTF-8 byte-order mark is ignored; control characters other than whitespace are removed
-    (the lines that had some are counted in a warning). An empty file is refused.
-    """
-    if not path.is_file():
-        raise DataError(
-            f"missing data file {path}; set data.dir or the POSENC_DATA environment variable "
-            "to the folder that holds it"
-        )
-    raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        raise DataError(
-            f"{path} line {line} is not valid UTF-8 ({err.reason}); re-encode the file as UTF-8"
-        ) from None
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    if not lines:
-        raise DataError(f"data file {path} is empty; check it (a failed download?) or its stem")
-    dirty = sum(1 for line in lines if CONTROL.search(line))
-    if dirty:
-        log.warning("%s: removed control characters from %d lines", path, dirty)
-    return [_normalise(line) for line in lines]
+    """The whitespace-normalised lines of a UTF-8 text file (see :func:`streams.lines`)."""
+    return list(lines(path))
 
 
 def read_pair(directory: Path, stem: str, src_lang: str, tgt_lang: str, name: str) -> Corpus:
-    """The aligned files ``directory/STEM.SRC_LANG`` and ``directory/STEM.TGT_LANG``."""
-    src_path = directory / f"{stem}.{src_lang}"
-    tgt_path = directory / f"{stem}.{tgt_lang}"
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}; "
-            "the two files must be line-aligned"
-        )
-    return Corpus(name, src, tgt)
+    """The aligned files ``directory/STEM.SRC_LANG`` and ``directory/STEM.TGT_LANG`` (plain or
+    gzip)."""
+    both = list(pairs(directory, stem, src_lang, tgt_lang))
+    return Corpus(name, [s for s, _ in both], [t for _, t in both])
 
 
-def _load_local(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
-    """Splits from ``dir/STEM.{src_lang,tgt_lang}`` files (see ``configs/data/local.yaml``).
-    The training files are read even without ``with_train``: held-out sets are cut out of them."""
+def _local_files(cfg: dict) -> tuple[Path, list[str], Callable[[str], Iterator[tuple[str, str]]]]:
+    """The data directory, the training stems and a function streaming a stem's pairs."""
     directory = resolve_path(require(cfg, "dir"))
     if not directory.is_dir():
         raise DataError(
@@ -222,9 +179,15 @@ def _load_local(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
     stems = [stems] if isinstance(stems, str) else list(stems)
     if not stems:
         raise DataError("data.train lists no file stem; give at least one")
-    parts = [read_pair(directory, stem, src_lang, tgt_lang, "train") for stem in stems]
-    for stem, part in zip(stems, parts, strict=True):
-        log.info("train: %s: %d pairs", stem, len(part))
+    return directory, stems, lambda stem: pairs(directory, stem, src_lang, tgt_lang)
+
+
+def _load_local(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
+    """Splits from ``dir/STEM.{src_lang,tgt_lang}`` files, plain or gzip (see
+    ``configs/data/local.yaml``). Without ``with_train`` only the stems that held-out sets are
+    cut out of are read (streamed)."""
+    directory, stems, read = _local_files(cfg)
+    src_lang, tgt_lang = cfg["src_lang"], cfg["tgt_lang"]
     splits: dict[str, Corpus] = {}
     extra = cfg.get("extra_tests") or {}
     holdout = cfg.get("holdout") or {}
@@ -238,59 +201,13 @@ def _load_local(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
         if stem in stems:
             log.warning("split %r (%s) is also training data: not held-out", name, stem)
         splits[name] = read_pair(directory, stem, src_lang, tgt_lang, name)
-    held_out = carve_holdout(parts, stems, holdout, int(cfg.get("seed", 0)))
-    train = Corpus(
-        "train", [s for part in parts for s in part.src], [t for part in parts for t in part.tgt]
-    )
-    train = _without_held_out_sources(train, list(held_out.values()))
+    carving = carve_holdout(read, stems, holdout, int(cfg.get("seed", 0)))
+    if not with_train:
+        return {**splits, **held_out_sets(read, carving)}
+    held_out: dict[str, Corpus] = {}
+    both = list(training_pairs(read, stems, carving, held_out))
+    train = Corpus("train", [s for s, _ in both], [t for _, t in both])
     return {"train": train, **splits, **held_out}
-
-
-def carve_holdout(
-    parts: list[Corpus], stems: list[str], holdout: Mapping, seed: int
-) -> dict[str, Corpus]:
-    """In-domain test sets cut out of training stems (``data.holdout``, name -> ``{stem,
-    size}``): a seeded random sample of ``size`` pairs of that stem, each with a distinct,
-    non-empty source, in the sample's (random) order so ``eval.max_sentences`` keeps a random
-    subset. The pairs are removed from ``parts`` in place; returns the sets by name."""
-    out = {}
-    for name, spec in holdout.items():
-        if not isinstance(spec, Mapping) or set(spec) != {"stem", "size"}:
-            raise DataError(f"data.holdout.{name} must be {{stem: STEM, size: N}}, got {spec!r}")
-        stem, size = spec["stem"], spec["size"]
-        if stem not in stems:
-            raise DataError(
-                f"data.holdout.{name}.stem {stem!r} is not in data.train; a holdout is cut out "
-                "of training data (for a separate file use data.extra_tests)"
-            )
-        part = parts[stems.index(stem)]
-        first = {}
-        for i, (s, t) in enumerate(zip(part.src, part.tgt, strict=True)):
-            if s and t:
-                first.setdefault(s, i)
-        candidates = sorted(first.values())
-        if not isinstance(size, int) or not 0 < size < len(candidates):
-            raise DataError(
-                f"data.holdout.{name}.size must be an integer in [1, {len(candidates)}) (the "
-                f"distinct sources of {stem}), got {size!r}"
-            )
-        chosen = random.Random(f"holdout:{seed}:{name}").sample(candidates, size)
-        out[name] = part.subset(chosen)
-        taken = set(chosen)
-        parts[stems.index(stem)] = part.subset(i for i in range(len(part)) if i not in taken)
-        log.info("%s: %d pairs held out of %s", name, size, stem)
-    return out
-
-
-def _without_held_out_sources(train: Corpus, held_out: list[Corpus]) -> Corpus:
-    """``train`` without the pairs whose source sentence is a held-out source (a source with
-    several translations must not be seen in training with another one)."""
-    if not held_out:
-        return train
-    sources = {s for corpus in held_out for s in corpus.src}
-    keep = [i for i, s in enumerate(train.src) if s not in sources]
-    log.info("train: dropped %d more pairs whose source is held out", len(train) - len(keep))
-    return train.subset(keep)
 
 
 # --- WMT14 from the hub ----------------------------------------------------------------------
@@ -323,6 +240,28 @@ def hub_unreachable(err: BaseException) -> bool:
 
 def _load_wmt14(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
     """WMT14 through ``datasets`` with streaming (see ``configs/data/wmt14.yaml``)."""
+
+    def fetch(split: str, name: str, limit: int | None) -> Corpus:
+        both = list(_hub_pairs(cfg, split, limit))
+        log.info("%s: %d pairs from %s split %r", name, len(both), cfg.get("hub_name"), split)
+        return Corpus(name, [s for s, _ in both], [t for _, t in both])
+
+    train = {"train": fetch("train", "train", cfg.get("train_size"))} if with_train else {}
+    return {
+        **train,
+        "valid": fetch("validation", "valid", None),
+        "test": fetch("test", "test", None),
+    }
+
+
+def _hub_pairs(cfg: dict, split: str, limit: int | None) -> Iterator[tuple[str, str]]:
+    """The normalised pairs of a split of WMT14 on the hub, streamed (the training split
+    shuffled with ``data.seed`` in a buffer of ``data.shuffle_buffer`` pairs), at most
+    ``limit``.
+
+    Raises:
+        DataError: the hub cannot be reached, or the languages do not match its config.
+    """
     import datasets
 
     hub, config = cfg.get("hub_name", "wmt14"), cfg.get("hub_config", "fr-en")
@@ -332,30 +271,16 @@ def _load_wmt14(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
             f"data.src_lang/tgt_lang {src_lang}/{tgt_lang} do not match hub config {config!r}; "
             "set data.hub_config to the language pair"
         )
-    train_size = cfg.get("train_size")
-    seed = int(cfg.get("seed", 0))
-
-    def fetch(split: str, name: str, limit: int | None) -> Corpus:
+    try:
         stream = datasets.load_dataset(hub, config, split=split, streaming=True)
         if split == "train":
-            stream = stream.shuffle(seed=seed, buffer_size=int(cfg.get("shuffle_buffer", 10_000)))
+            buffer = int(cfg.get("shuffle_buffer", 10_000))
+            stream = stream.shuffle(seed=int(cfg.get("seed", 0)), buffer_size=buffer)
         if limit is not None:
             stream = stream.take(int(limit))
-        src, tgt = [], []
         for example in stream:
             pair = example["translation"]
-            src.append(_normalise(pair[src_lang]))
-            tgt.append(_normalise(pair[tgt_lang]))
-        log.info("%s: %d pairs from %s/%s split %r", name, len(src), hub, config, split)
-        return Corpus(name, src, tgt)
-
-    try:
-        train = {"train": fetch("train", "train", train_size)} if with_train else {}
-        return {
-            **train,
-            "valid": fetch("validation", "valid", None),
-            "test": fetch("test", "test", None),
-        }
+            yield normalise(pair[src_lang]), normalise(pair[tgt_lang])
     except Exception as err:
         if hub_unreachable(err):
             raise DataError(
@@ -373,38 +298,13 @@ def _load_wmt14(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
 def clean_pairs(
     corpus: Corpus, min_words: int, max_words: int, max_ratio: float, dedup: bool
 ) -> tuple[Corpus, dict[str, int]]:
-    """Filter training pairs; each pair is counted under the first filter that drops it.
-
-    In order: pairs with an empty side (``empty``); pairs with a side of fewer than
-    ``min_words`` or more than ``max_words`` whitespace-separated words (``length``); pairs
-    whose word-count ratio, longer side over shorter side, exceeds ``max_ratio`` (``ratio``);
-    repeats of an earlier identical (src, tgt) pair when ``dedup`` (``duplicate``).
+    """Filter training pairs with :class:`~posenc.data.streams.Cleaner`'s filters.
 
     Returns the kept pairs (original order) and ``{'input', 'empty', 'length', 'ratio',
     'duplicate', 'kept'}`` counts.
     """
-    if not 0 <= min_words <= max_words or max_ratio < 1:
-        raise DataError(
-            f"bad data.clean settings min_words={min_words}, max_words={max_words}, "
-            f"max_ratio={max_ratio}; need 0 <= min_words <= max_words and max_ratio >= 1"
-        )
-    stats = dict.fromkeys(("input", *CLEAN_FILTERS, "kept"), 0)
-    stats["input"] = len(corpus)
-    seen: set[tuple[str, str]] = set()
-    keep = []
-    for i, (s, t) in enumerate(zip(corpus.src, corpus.tgt, strict=True)):
-        ns, nt = len(s.split()), len(t.split())
-        if ns == 0 or nt == 0:
-            stats["empty"] += 1
-        elif not (min_words <= ns <= max_words and min_words <= nt <= max_words):
-            stats["length"] += 1
-        elif max(ns, nt) > max_ratio * min(ns, nt):
-            stats["ratio"] += 1
-        elif dedup and (s, t) in seen:
-            stats["duplicate"] += 1
-        else:
-            if dedup:
-                seen.add((s, t))
-            keep.append(i)
-    stats["kept"] = len(keep)
-    return corpus.subset(keep), stats
+    cleaner = Cleaner(min_words, max_words, max_ratio, dedup)
+    keep = [
+        i for i, pair in enumerate(zip(corpus.src, corpus.tgt, strict=True)) if cleaner.keeps(*pair)
+    ]
+    return corpus.subset(keep), cleaner.stats

@@ -119,35 +119,57 @@ def _stamps(data: dict, tokenizer: dict) -> list[tuple[str, int, int]]:
     return stamps
 
 
-def write_store(
-    directory: Path,
-    src: Sequence[Sequence[int]],
-    tgt: Sequence[Sequence[int]],
-    tokenizer: Tokenizer,
-) -> None:
-    """Write the pairs' ids and ``tokenizer`` as the store ``directory`` (atomically: a temporary
-    directory beside it, renamed when complete; when another process finished the same store
-    first, theirs is kept)."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+class StoreWriter:
+    """Writes a store in chunks of rows: ``with StoreWriter(directory, vocab_size) as writer:
+    writer.append(src_rows, tgt_rows) ...; writer.finish(tokenizer)``. Rows go to a temporary
+    directory beside ``directory``, renamed into place by :meth:`finish`; leaving the ``with``
+    block without it (an error, a kill) leaves nothing a later run trusts. When another process
+    finished the same store first, theirs is kept."""
+
+    def __init__(self, directory: Path, vocab_size: int) -> None:
+        self.directory = directory
+        self.dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        self._bins = {side: (self.work / f"{side}.bin").open("wb") for side in SIDES}
+        self._ends = {side: [np.zeros(1, np.int64)] for side in SIDES}
+        self._sizes = dict.fromkeys(SIDES, 0)
+        self.rows = 0
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._bins.values():
+            handle.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def append(self, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
+        """Add rows (the ids of aligned pairs, ``len(src) == len(tgt)``)."""
+        if len(src) != len(tgt):
+            raise ValueError(f"{len(src)} source rows but {len(tgt)} target rows")
         for side, rows in zip(SIDES, (src, tgt), strict=True):
             lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-            flat = np.fromiter((i for r in rows for i in r), dtype=dtype, count=int(offsets[-1]))
-            flat.tofile(work / f"{side}.bin")
-            offsets.tofile(work / f"{side}.off")
-        tokenizer.save(work / "tokenizer")
-        meta = {"format": FORMAT, "rows": len(src), "dtype": np.dtype(dtype).name}
-        (work / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+            flat = np.fromiter((i for r in rows for i in r), self.dtype, int(lengths.sum()))
+            flat.tofile(self._bins[side])
+            self._ends[side].append(self._sizes[side] + np.cumsum(lengths))
+            self._sizes[side] += int(lengths.sum())
+        self.rows += len(src)
+
+    def finish(self, tokenizer: Tokenizer, **facts) -> None:
+        """Write the offsets, ``tokenizer`` and ``meta.json`` (with ``facts``, e.g. cleaning
+        counts), then rename the store into place."""
+        for side in SIDES:
+            self._bins[side].close()
+            np.concatenate(self._ends[side]).astype(np.int64).tofile(self.work / f"{side}.off")
+        tokenizer.save(self.work / "tokenizer")
+        meta = {"format": FORMAT, "rows": self.rows, "dtype": self.dtype.name, **facts}
+        (self.work / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         try:
-            work.rename(directory)
+            self.work.rename(self.directory)
         except OSError:
-            if not (directory / "meta.json").is_file():
+            if not (self.directory / "meta.json").is_file():
                 raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def open_store(directory: Path) -> TokenStore:

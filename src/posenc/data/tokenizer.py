@@ -5,13 +5,7 @@ the training split.
 Both are a :class:`Tokenizer` wrapping a ``tokenizers.Tokenizer``, so batch encoding runs in
 Rust, and ``save``/``load_tokenizer`` go through the library's ``tokenizer.json``.
 
-BPE design: NFC normalisation, then a space is prepended to the text and a byte-level
-pre-tokenizer maps every byte to a symbol; the decoder maps the bytes back and strips the
-prepended space. So ``decode(encode(s)) == unicodedata.normalize("NFC", s)`` for any text
-(accents, punctuation, tabs, repeated spaces), and a word looks the same at the start of a
-sentence as in its middle. Vocabularies of at least :data:`BYTE_ALPHABET_MIN_VOCAB` contain all
-256 byte symbols, so nothing is ever ``<unk>``; smaller ones (toy runs) start from the bytes
-seen in training. Special tokens in the input text (``"<s>"``) are encoded as plain text.
+The BPE is trained in :mod:`posenc.data.bpe` (its design is described there).
 
 mBERT design (``training_types_only``, on by default): of the 119,547 WordPiece types, only the
 special tokens and the types that occur in the training split (either side; the vocabulary is
@@ -35,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from posenc.config import plain
 from posenc.data.corpora import hub_unreachable
@@ -47,8 +41,6 @@ log = logging.getLogger("posenc.data.tokenizer")
 
 BPE_SPECIALS = {"pad": "<pad>", "bos": "<s>", "eos": "</s>", "unk": "<unk>"}
 MBERT_SPECIALS = {"pad": "[PAD]", "bos": "[CLS]", "eos": "[SEP]", "unk": "[UNK]"}
-BYTE_ALPHABET_MIN_VOCAB = 1024
-CACHE_FORMAT = "posenc-bpe-1"  # change when the BPE recipe changes, to invalidate caches
 TYPES_CACHE_FORMAT = "posenc-mbert-types-1"  # likewise for the kept mBERT types
 META_FILE = "posenc_tokenizer.json"
 KEPT_FILE = "posenc_kept_ids.json"  # the kept WordPiece ids of a compact mBERT, in order
@@ -288,42 +280,35 @@ def load_tokenizer(directory: Path) -> Tokenizer:
     return WordPieceTokenizer(backend, "mbert", meta["name"], meta["specials"], kept)
 
 
-def build_tokenizer(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
+def build_tokenizer(cfg: Mapping, train: Corpus, cache_dir: Path | None) -> Tokenizer:
     """The tokenizer described by the ``tokenizer`` config node.
 
-    ``kind: bpe`` trains a joint BPE on both sides of ``train`` (or reuses the one cached in
-    ``cache_dir`` under a hash of the data and the settings); ``kind: mbert`` loads the mBERT
-    vocabulary and, with ``training_types_only`` (true in ``configs/tokenizer/mbert.yaml``;
-    absent counts as false, as in runs from before the setting), keeps only the special tokens
-    and the types that occur in ``train`` (cached in ``cache_dir`` under a hash of the
-    vocabulary and the data); with ``training_types_only: false`` ``train`` and ``cache_dir``
-    are unused.
+    ``kind: bpe`` trains a joint BPE on both sides of ``train`` (:mod:`posenc.data.bpe`; or
+    reuses the one cached in ``cache_dir`` under a hash of the data and the settings);
+    ``kind: mbert`` loads the mBERT vocabulary and, with ``training_types_only`` (true in
+    ``configs/tokenizer/mbert.yaml``; absent counts as false, as in runs from before the
+    setting), keeps only the special tokens and the types that occur in ``train`` (cached in
+    ``cache_dir`` under a hash of the vocabulary and the data); with ``training_types_only:
+    false`` ``train`` and ``cache_dir`` are unused. ``cache_dir=None`` caches nothing (a
+    prepared corpus keeps its tokenizer itself). ``train`` may be any object with ``src`` and
+    ``tgt`` sequences and a length (a prepared corpus's spool).
     """
     cfg = plain(cfg)
     kind = cfg.get("kind")
+    cache = None if cache_dir is None else Path(cache_dir).expanduser()
     if kind == "bpe":
-        return _build_bpe(cfg, train, Path(cache_dir).expanduser())
+        from posenc.data.bpe import build_bpe  # bpe builds on this module's Tokenizer
+
+        return build_bpe(cfg, train, cache)
     if kind == "mbert":
-        return _build_mbert(cfg, train, Path(cache_dir).expanduser())
+        return _build_mbert(cfg, train, cache)
     raise DataError(f"unknown tokenizer.kind {kind!r}; use bpe or mbert")
 
 
-# --- BPE -------------------------------------------------------------------------------------
-
-
-def _bpe_settings(cfg: Mapping) -> dict:
-    vocab_size, min_frequency = int(cfg.get("vocab_size", 8000)), int(cfg.get("min_frequency", 2))
-    if vocab_size <= len(BPE_SPECIALS) or min_frequency < 1:
-        raise DataError(
-            f"bad BPE settings vocab_size={vocab_size}, min_frequency={min_frequency}; need "
-            f"vocab_size > {len(BPE_SPECIALS)} and min_frequency >= 1"
-        )
-    return {"vocab_size": vocab_size, "min_frequency": min_frequency}
-
-
-def _cache_key(settings: Mapping, train: Corpus, recipe: str = CACHE_FORMAT) -> str:
+def text_cache_key(settings: Mapping, train: Corpus, recipe: str) -> str:
     """Hash of the recipe, the settings and the training text (order-independent: the same
-    pairs in another order give the same BPE counts, so one cached model serves every seed)."""
+    pairs in another order give the same BPE counts or types, so one cached file serves every
+    seed)."""
     import tokenizers
 
     h = hashlib.sha256()
@@ -334,66 +319,6 @@ def _cache_key(settings: Mapping, train: Corpus, recipe: str = CACHE_FORMAT) -> 
             h.update(line.encode("utf-8"))
             h.update(b"\n")
     return h.hexdigest()[:20]
-
-
-def _new_bpe() -> HFTokenizer:
-    """An untrained BPE with the normaliser/pre-tokenizer/decoder described in the module doc."""
-    backend = HFTokenizer(models.BPE(unk_token=BPE_SPECIALS["unk"]))
-    backend.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Prepend(" ")])
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    backend.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Strip(" ", 1, 0)])
-    return backend
-
-
-def _train_bpe(settings: Mapping, train: Corpus) -> HFTokenizer:
-    """A BPE trained on both sides of ``train``; special tokens get ids 0..3."""
-    backend = _new_bpe()
-    alphabet = (
-        pre_tokenizers.ByteLevel.alphabet()
-        if settings["vocab_size"] >= BYTE_ALPHABET_MIN_VOCAB
-        else []
-    )
-    trainer = trainers.BpeTrainer(
-        vocab_size=settings["vocab_size"],
-        min_frequency=settings["min_frequency"],
-        special_tokens=list(BPE_SPECIALS.values()),
-        initial_alphabet=alphabet,
-        show_progress=False,
-    )
-    backend.train_from_iterator(
-        (line for side in (train.src, train.tgt) for line in side),
-        trainer=trainer,
-        length=2 * len(train),
-    )
-    return backend
-
-
-def _build_bpe(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
-    from filelock import FileLock
-
-    settings = _bpe_settings(cfg)
-    if not len(train):
-        raise DataError("cannot train a BPE on an empty training split; check the data config")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / f"bpe-{_cache_key(settings, train)}.json"
-    with FileLock(str(path) + ".lock"):  # jobs of a sweep wait for one another, train once
-        if path.is_file():
-            backend = HFTokenizer.from_file(str(path))
-            log.info("reusing cached BPE %s", path)
-        else:
-            started = time.perf_counter()
-            backend = _train_bpe(settings, train)
-            write_text(path, backend.to_str())
-            log.info(
-                "trained BPE (%d tokens) on %d pairs in %.1f s; cached at %s",
-                backend.get_vocab_size(),
-                len(train),
-                time.perf_counter() - started,
-                path,
-            )
-    tokenizer = Tokenizer(backend, "bpe", str(cfg.get("name", "bpe")), BPE_SPECIALS)
-    tokenizer.path = path
-    return tokenizer
 
 
 # --- mBERT -----------------------------------------------------------------------------------
@@ -411,7 +336,7 @@ def _wordpiece_from_vocab(vocab_file: Path) -> HFTokenizer:
     return backend
 
 
-def _build_mbert(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
+def _build_mbert(cfg: Mapping, train: Corpus, cache_dir: Path | None) -> Tokenizer:
     """mBERT from the local ``vocab_file`` when it exists, else ``name_or_path`` from the hub;
     compact (the types of ``train`` only) when ``training_types_only`` is true."""
     # Absent = false: a run from before the setting (its saved config lacks the key) resumes
@@ -445,7 +370,10 @@ def _build_mbert(cfg: Mapping, train: Corpus, cache_dir: Path) -> Tokenizer:
             "cannot keep the training split's mBERT types: the training split is empty; check "
             "the data config or set tokenizer.training_types_only=false"
         )
-    kept, path = _cached_training_types(tokenizer, train, cache_dir)
+    if cache_dir is None:
+        kept, path = _training_types(tokenizer, train), None
+    else:
+        kept, path = _cached_training_types(tokenizer, train, cache_dir)
     tokenizer._compact(kept)
     tokenizer.path = path
     return tokenizer
@@ -460,7 +388,7 @@ def _cached_training_types(
     from filelock import FileLock
 
     vocabulary = hashlib.sha256(tokenizer.backend.to_str().encode("utf-8")).hexdigest()
-    key = _cache_key({"vocabulary": vocabulary}, train, recipe=TYPES_CACHE_FORMAT)
+    key = text_cache_key({"vocabulary": vocabulary}, train, TYPES_CACHE_FORMAT)
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"mbert-types-{key}.json"
     with FileLock(str(path) + ".lock"):  # jobs of a sweep wait for one another, count once

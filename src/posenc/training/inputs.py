@@ -1,6 +1,5 @@
 """The training and validation pairs as token ids: the training pairs from the prepared corpus
-(made on first use: corpora loaded and cleaned, the tokenizer built or reused), pairs over the
-length limits dropped."""
+(made on first use: :mod:`posenc.data.prepare`), pairs over the length limits dropped."""
 
 from __future__ import annotations
 
@@ -10,10 +9,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from posenc.data.corpora import load_corpora
+from posenc.data.corpora import validation_split
 from posenc.data.corpus import Corpus
-from posenc.data.store import TokenColumn, open_store, prepared, store_key, write_store
-from posenc.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
+from posenc.data.prepare import prepared_store
+from posenc.data.store import TokenColumn, open_store
+from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.runtime import distributed
 from posenc.runtime.rundir import RunDir, as_run_dir
 
@@ -56,18 +56,10 @@ def prepare(cfg: DictConfig, run_dir: Path | RunDir) -> tuple[Tokenizer, Encoded
     """The run's tokenizer (saved in ``RUN/tokenizer``) and its training and validation ids.
 
     The training pairs come from the prepared corpus of this data and tokenizer
-    (:mod:`posenc.data.store`), memory-mapped; when there is none yet, the corpora are loaded
-    and cleaned, the tokenizer built (or reused from the cache) and the store written first.
-    Pairs over the length limits are then left out. Under torchrun rank 0 prepares while the
-    other ranks wait, then every rank maps the same files."""
-    directory = prepared(cfg.cache_dir, store_key(cfg.data, cfg.tokenizer))
-    if distributed.is_main() and not (directory / "meta.json").is_file():
-        from filelock import FileLock
-
-        with FileLock(str(directory) + ".lock"):  # one preparation at a time per store
-            if not (directory / "meta.json").is_file():
-                _prepare_store(cfg, directory)
-    distributed.barrier()
+    (:func:`prepared_store`), memory-mapped; pairs over the length limits are left out. The
+    validation pairs are read from their own file: a run on a prepared corpus reads no
+    training text."""
+    directory = prepared_store(cfg, bool(cfg.trainer.get("progress", False)))
     tokenizer = load_tokenizer(directory / "tokenizer")
     if distributed.is_main():
         tokenizer.save(as_run_dir(run_dir).tokenizer)
@@ -85,16 +77,5 @@ def prepare(cfg: DictConfig, run_dir: Path | RunDir) -> tuple[Tokenizer, Encoded
         )
     if not len(train):
         raise ValueError("no training pairs left after tokenisation; raise trainer.max_positions")
-    valid = load_corpora(cfg.data, with_train=False)["valid"]
-    valid_src, valid_tgt, _ = encode_pairs(tokenizer, valid)
+    valid_src, valid_tgt, _ = encode_pairs(tokenizer, validation_split(cfg.data))
     return tokenizer, EncodedData(train.src, train.tgt, valid_src, valid_tgt)
-
-
-def _prepare_store(cfg: DictConfig, directory: Path) -> None:
-    """Load and clean the corpora, build (or reuse) the tokenizer and write the training pairs'
-    ids as the store ``directory``."""
-    corpora = load_corpora(cfg.data)
-    tokenizer = build_tokenizer(cfg.tokenizer, corpora["train"], Path(cfg.cache_dir).expanduser())
-    src, tgt, _ = encode_pairs(tokenizer, corpora["train"])
-    write_store(directory, src, tgt, tokenizer)
-    log.info("prepared %d training pairs in %s", len(src), directory)

@@ -13,26 +13,10 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor, nn
 
 from posenc.model.encodings.base import Site, StackEncoding, compute_dtype
-
-
-def sinusoidal_table(
-    positions: Tensor, d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
-) -> Tensor:
-    """Sinusoidal encodings ``(L, d)`` of ``positions (L,)`` in ``dtype``; even dims sin, odd
-    dims cos."""
-    if d_model % 2:
-        raise ValueError(f"sinpe needs an even d_model, got {d_model}")
-    steps = torch.arange(0, d_model, 2, device=positions.device, dtype=dtype)
-    inv_freq = base ** (-steps / d_model)
-    angles = positions.to(dtype)[:, None] * inv_freq[None, :]
-    table = torch.empty(positions.shape[0], d_model, device=positions.device, dtype=dtype)
-    table[:, 0::2] = torch.sin(angles)
-    table[:, 1::2] = torch.cos(angles)
-    return table
+from posenc.model.encodings.common import sinusoidal_table
 
 
 class SinusoidalEncoding(StackEncoding):

@@ -49,26 +49,8 @@ import math
 import torch
 from torch import Tensor
 
-from posenc.model.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
-
-SPLIT_PENALTY = -1.0e4
-"""The bias of keys on the side a ``split`` head does not look at: ``exp(-1e4)`` is exactly 0
-in float32 and bfloat16, so for a real query (whose own key scores 0) it is a mask."""
-
-
-def side_distances(q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-    """Float ``(Lq, Lk)`` distances ``i - j`` of keys before the query and ``j - i`` of keys
-    after it, each 0 on the other side (and at ``j = i``)."""
-    signed = (k_pos[None, :] - q_pos[:, None]).float()  # j - i
-    return (-signed).clamp(min=0), signed.clamp(min=0)
-
-
-def split_blocked(n_heads: int, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """Bool ``(H, Lq, Lk)``, True where a ``split`` head does not look: keys after the query
-    for even heads, keys before it for odd heads."""
-    signed = k_pos[None, :] - q_pos[:, None]
-    looks_forward = (torch.arange(n_heads, device=q_pos.device) % 2).bool()[:, None, None]
-    return torch.where(looks_forward, signed[None] < 0, signed[None] > 0)
+from posenc.model.encodings.base import Site
+from posenc.model.encodings.common import DistanceBiasEncoding, side_distances
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -84,67 +66,6 @@ def alibi_slopes(n_heads: int) -> Tensor:
     exponents = torch.arange(1, p + 1, dtype=torch.float64) * (8.0 / p)
     extra = (2 * torch.arange(n_heads - p, dtype=torch.float64) + 1) * (8.0 / (2 * p))
     return torch.pow(2.0, -torch.cat([exponents, extra])).float()
-
-
-class SharedBias(AttentionRule):
-    """Adds the stack's per-forward bias ``call.context`` (``(1, H, Lq, Lk)``) to the logits.
-
-    The rule of every bias encoding whose bias is the same in all layers of a stack (ALiBi, T5,
-    KERPLE): the stack computes it once in ``context``; each layer only reads it. Entries at
-    :data:`SPLIT_PENALTY` are the side a ``split`` head does not look at (a mask).
-    """
-
-    masking_bias = SPLIT_PENALTY
-
-    def bias(
-        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
-    ) -> Tensor | None:
-        return call.context
-
-
-class DistanceBiasEncoding(StackEncoding):
-    """A bias that decays with the query-key distance (ALiBi, KERPLE), shared by every layer of
-    the stack through :class:`SharedBias`, with the encoder forms of ``encoder_bias``.
-
-    Subclasses give the bias of each side in :meth:`context` and combine them with
-    :meth:`encoder_bias_of`; the decoder uses the "before" side alone (the papers' causal form).
-    """
-
-    applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
-    FORMS = {
-        "split": "split (half the heads look left, half right)",
-        "asymmetric": "asymmetric (slopes before/after the query differ)",
-        "symmetric": "symmetric in |i-j| (no word order)",
-    }
-
-    def __init__(
-        self, site: Site, d_model: int, n_heads: int, n_layers: int, encoder_bias: str
-    ) -> None:
-        super().__init__(site, d_model, n_heads, n_layers)
-        if encoder_bias not in self.FORMS:
-            raise ValueError(
-                f"{type(self).__name__}: encoder_bias={encoder_bias!r} is unknown; use one of "
-                f"{list(self.FORMS)}"
-            )
-        self.encoder_bias = encoder_bias
-        others = ", ".join(text for form, text in self.FORMS.items() if form != encoder_bias)
-        self.encoder_form = f"{self.FORMS[encoder_bias]}; options: {others}"
-        self.sees_source_order = encoder_bias != "symmetric"
-        self.rule = SharedBias()
-
-    def encoder_bias_of(
-        self, before: Tensor, after: Tensor, q_pos: Tensor, k_pos: Tensor
-    ) -> Tensor:
-        """The encoder's ``(1, H, Lq, Lk)`` bias from the ``(H, Lq, Lk)`` biases of keys before
-        and after the query (each 0 on the other side); ``split`` heads get
-        :data:`SPLIT_PENALTY` on the side they do not look at."""
-        bias = before + after
-        if self.encoder_bias == "split":
-            bias = bias.masked_fill(split_blocked(self.n_heads, q_pos, k_pos), SPLIT_PENALTY)
-        return bias[None]
-
-    def self_rule(self, layer: int) -> AttentionRule:
-        return self.rule
 
 
 class ALiBiEncoding(DistanceBiasEncoding):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-class Site(str, Enum):
+class Site(str, Enum):  # noqa: UP042  (StrEnum would change str(Site.ENCODER))
     """Which stack an encoding is built for."""
 
     ENCODER = "encoder"
@@ -219,6 +219,13 @@ class StackEncoding(EncodingModule):
     speed_target: ClassVar[float | None] = None
     """Training step at length 128 as a ratio to the reference encoding's, at most; checked by
     ``scripts/bench.py`` (None: no target, as for the reference itself)."""
+
+    option_forms: ClassVar[tuple[dict[str, Any], ...]] = ()
+    """The forms a config may choose between that the generic suite
+    (``tests/test_every_encoding.py``) runs besides the config's own: each a dict of overrides
+    ``{KEY: value}`` of the ``configs/pe/*.yaml`` settings (constructor arguments) that builds
+    this class. Declared here, with the encoding, so that an encoding with options touches only
+    its module, its YAML and its own test (empty: the config's form alone)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Every subclass defined by code that runs joins :data:`CATALOGUE`: the only classes a

@@ -79,7 +79,7 @@ from posenc.model.encodings.base import (
     additive_mask,
     masked_softmax,
 )
-from posenc.model.encodings.transformer_xl import gather_rows, used_rows
+from posenc.model.encodings.common import gather_rows, used_rows
 
 
 def log_bucket_position(relative: Tensor, buckets: int, max_position: int) -> Tensor:
@@ -188,6 +188,7 @@ class DeBERTaEncoding(StackEncoding):
     applies_to = "encoder and decoder self-attention (c2c + c2p + p2c); plain cross-attention"
     speed_target = 1.35
     P2C_DISTANCES = ("j-i", "i-j")
+    option_forms = ({"position_buckets": 256}, {"p2c_distance": "i-j"})
 
     def __init__(
         self,

@@ -58,7 +58,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from posenc.model.encodings.alibi import SharedBias
 from posenc.model.encodings.base import (
     AttentionCall,
     AttentionRule,
@@ -67,6 +66,7 @@ from posenc.model.encodings.base import (
     StackEncoding,
     compute_dtype,
 )
+from posenc.model.encodings.common import SharedBias
 
 
 @dataclass

@@ -71,7 +71,6 @@ import torch
 from torch import Tensor, nn
 from torchdiffeq import odeint
 
-from posenc.model.encodings.absolute import sinusoidal_table
 from posenc.model.encodings.base import (
     AttentionCall,
     AttentionRule,
@@ -80,6 +79,7 @@ from posenc.model.encodings.base import (
     StackEncoding,
     compute_dtype,
 )
+from posenc.model.encodings.common import sinusoidal_table
 
 PROJECTIONS = 3
 """The q, k and v rows of the ODE state, in that order."""

@@ -39,8 +39,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc.model.encodings.alibi import DistanceBiasEncoding, side_distances
 from posenc.model.encodings.base import Site
+from posenc.model.encodings.common import DistanceBiasEncoding, side_distances
 
 
 class KerpleEncoding(DistanceBiasEncoding):

@@ -24,41 +24,11 @@ the absolute positions, so no extra state is cached.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
-from posenc.model.encodings.alibi import SharedBias
 from posenc.model.encodings.base import AttentionRule, Site, StackEncoding
-
-
-def relative_position_bucket(
-    relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int
-) -> Tensor:
-    """T5's bucket (long, same shape) of each ``relative_position = key_pos - query_pos``.
-
-    Bidirectional: buckets ``[0, n/2)`` for ``key <= query``, ``[n/2, n)`` for ``key > query``.
-    Causal: ``[0, n)`` by how far the key lies to the left; future keys fall in bucket 0. Within
-    a half of ``m`` buckets, distances below ``m/2`` are exact and the rest are binned
-    logarithmically up to ``max_distance``, clipped to the last bucket.
-    """
-    if bidirectional:
-        num_buckets //= 2
-        offset = (relative_position > 0).long() * num_buckets
-        distance = relative_position.abs()
-    else:
-        offset = torch.zeros_like(relative_position)
-        distance = (-relative_position).clamp(min=0)
-    max_exact = num_buckets // 2
-    # Same operation order as T5, so float rounding picks the same bucket at bin edges.
-    log_bucket = (
-        torch.log(distance.clamp(min=1).float() / max_exact)
-        / math.log(max_distance / max_exact)
-        * (num_buckets - max_exact)
-    ).long()
-    large = (max_exact + log_bucket).clamp(max=num_buckets - 1)
-    return offset + torch.where(distance < max_exact, distance, large)
+from posenc.model.encodings.common import SharedBias, relative_position_bucket
 
 
 class T5Encoding(StackEncoding):

@@ -60,23 +60,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from posenc.model.encodings.absolute import sinusoidal_table
 from posenc.model.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
-
-
-def used_rows(index: Tensor) -> tuple[Tensor, Tensor]:
-    """The table rows that the ``(Lq, Lk)`` long ``index`` refers to, as the contiguous range
-    ``arange(lo, hi + 1)`` ``(n,)``, and ``index - lo`` (each entry's row in that range)."""
-    lo, hi = torch.aminmax(index)
-    lo, hi = int(lo), int(hi)
-    return torch.arange(lo, hi + 1, device=index.device), index - lo
-
-
-def gather_rows(per_row: Tensor, index: Tensor) -> Tensor:
-    """``out[..., i, j] = per_row[..., i, index[i, j]]``: ``(B, H, L1, n)`` scores per table row
-    into ``(B, H, L1, L2)`` scores per pair, for an ``(L1, L2)`` long ``index``."""
-    b, h, rows, _ = per_row.shape
-    return per_row.gather(-1, index.expand(b, h, rows, index.shape[-1]))
+from posenc.model.encodings.common import gather_rows, sinusoidal_table, used_rows
 
 
 @dataclass

@@ -15,7 +15,7 @@ plain logit::
   every head has its own positional correlation;
 * ``b_(j-i)`` (``relative: true``, the paper's TUPE-R): T5's bucketed relative bias, one
   ``(num_buckets, H)`` table per stack (bidirectional buckets in the encoder, causal in the
-  decoder, :func:`posenc.model.encodings.t5.relative_position_bucket`). TUPE-R is the default:
+  decoder, :func:`posenc.model.encodings.common.relative_position_bucket`). TUPE-R is the default:
   it is the paper's better variant, the one its pre-training command trains (``--rel-pos``) and
   the only checkpoint it releases; ``relative: false`` gives TUPE-A.
 
@@ -58,7 +58,7 @@ from posenc.model.encodings.base import (
     additive_mask,
     masked_softmax,
 )
-from posenc.model.encodings.t5 import relative_position_bucket
+from posenc.model.encodings.common import relative_position_bucket
 
 
 class UntiedRule(AttentionRule):

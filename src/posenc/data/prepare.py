@@ -1,0 +1,223 @@
+"""Preparing the training corpus as a store (:mod:`posenc.data.store`), streamed so that memory
+does not grow with the corpus beyond 8 bytes a pair: the training pairs are read one at a time,
+cleaned (dedup by 64-bit digests) and spooled to text files on disk; their order is shuffled
+with ``data.seed``; the tokenizer is built from the spool (a BPE on its first
+``tokenizer.train_sentences`` pairs when set); the pairs are tokenised in large batches (the
+``tokenizers`` batch encoder runs in Rust threads) and written in chunks; the store is renamed
+into place when complete.
+
+Ahead of a sweep, with the overrides ``train.py`` takes::
+
+    python -m posenc.data.prepare data=local tokenizer=bpe
+
+A run prepares on first use when nothing is there (:func:`posenc.training.inputs.prepare`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import shutil
+import sys
+import tempfile
+import time
+from array import array
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig
+
+from posenc.config import plain
+from posenc.data.corpora import training_stream
+from posenc.data.store import StoreWriter, prepared, store_key
+from posenc.data.streams import kept_pairs, shuffled_order
+from posenc.data.tokenizer import Tokenizer, build_tokenizer
+from posenc.runtime import distributed
+
+log = logging.getLogger("posenc.data.prepare")
+
+#: pairs tokenised and written at a time
+CHUNK_PAIRS = 50_000
+
+
+class SpooledSide(Sequence[str]):
+    """One side of the spooled pairs in a given order: ``side[i]`` is the text of pair
+    ``order[i]``, read from the memory-mapped spool file."""
+
+    def __init__(self, text: mmap.mmap | bytes, ends: np.ndarray, order: np.ndarray) -> None:
+        self._text, self._ends, self._order = text, ends, order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._line(row) for row in self._order[i]]
+        return self._line(self._order[i])
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._line(row) for row in self._order)
+
+    def _line(self, row: int) -> str:
+        start = self._ends[row - 1] if row else 0
+        return self._text[start : self._ends[row] - 1].decode("utf-8")
+
+
+class SpooledCorpus:
+    """The training split as the tokenizer builders read it (``src``, ``tgt``, ``len``)."""
+
+    def __init__(self, src: SpooledSide, tgt: SpooledSide) -> None:
+        self.name, self.src, self.tgt = "train", src, tgt
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+class Spool:
+    """Cleaned training pairs written one line a side to ``DIR/spool.{src,tgt}``, with the
+    byte offset of each line's end (8 bytes a pair a side in memory)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.paths = {side: directory / f"spool.{side}" for side in ("src", "tgt")}
+        self._handles = {side: path.open("wb") for side, path in self.paths.items()}
+        self._ends = {side: array("q") for side in self.paths}
+        self._sizes = dict.fromkeys(self.paths, 0)
+
+    def __len__(self) -> int:
+        return len(self._ends["src"])
+
+    def add(self, source: str, target: str) -> None:
+        for side, text in (("src", source), ("tgt", target)):
+            data = text.encode("utf-8") + b"\n"
+            self._handles[side].write(data)
+            self._sizes[side] += len(data)
+            self._ends[side].append(self._sizes[side])
+
+    def corpus(self, order: Sequence[int]) -> SpooledCorpus:
+        """The spooled pairs in ``order``, memory-mapped (the spool is closed for writing)."""
+        rows = np.asarray(order, dtype=np.int64)
+        sides = []
+        for side, handle in self._handles.items():
+            handle.close()
+            ends = np.frombuffer(self._ends[side], dtype=np.int64)
+            with self.paths[side].open("rb") as reader:
+                text = mmap.mmap(reader.fileno(), 0, access=mmap.ACCESS_READ) if len(ends) else b""
+            sides.append(SpooledSide(text, ends, rows))
+        return SpooledCorpus(*sides)
+
+
+def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> dict:
+    """Prepare the store ``directory`` for the ``data`` and ``tokenizer`` of ``cfg`` (see the
+    module doc); returns the facts written to its ``meta.json`` (counts and seconds).
+
+    Raises:
+        DataError: bad data or settings (one line, before anything is kept).
+    """
+    from tqdm import tqdm
+
+    data = plain(cfg.data)
+    clean = data.get("clean")
+    started = time.perf_counter()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    spool_dir = Path(tempfile.mkdtemp(prefix=f".{directory.name}.spool.", dir=directory.parent))
+    try:
+        spool = Spool(spool_dir)
+        read = [0]
+        with tqdm(desc="reading", unit=" pairs", disable=not progress) as bar:
+            for source, target in kept_pairs(_counted(training_stream(data), read, bar), clean):
+                spool.add(source, target)
+        read = read[0]
+        order = shuffled_order(len(spool), int(data.get("seed", 0)), data.get("train_size"))
+        train = spool.corpus(order)
+        tokenizing = time.perf_counter()
+        tokenizer = build_tokenizer(cfg.tokenizer, train, None)
+        tokenised = time.perf_counter()
+        with StoreWriter(directory, tokenizer.vocab_size) as writer:
+            _write_ids(writer, train, tokenizer, progress)
+            facts = {
+                "pairs_read": read,
+                "pairs_kept": len(spool),
+                "seconds_reading": round(tokenizing - started, 1),
+                "seconds_tokenizer": round(tokenised - tokenizing, 1),
+                "seconds_total": round(time.perf_counter() - started, 1),
+            }
+            writer.finish(tokenizer, **facts)
+    finally:
+        shutil.rmtree(spool_dir, ignore_errors=True)
+    log.info(
+        "prepared %d training pairs (of %d read) in %.0f s (%.0f pairs/s) in %s",
+        len(train),
+        read,
+        facts["seconds_total"],
+        read / max(facts["seconds_total"], 1e-9),
+        directory,
+    )
+    return facts
+
+
+def prepared_store(cfg: DictConfig, progress: bool = False) -> Path:
+    """The directory of the prepared corpus of ``cfg``'s data and tokenizer, prepared first when
+    there is none (:func:`posenc.data.prepare.prepare_store`, one process at a time). Under
+    torchrun rank 0 prepares while the other ranks wait."""
+    directory = prepared(cfg.cache_dir, store_key(cfg.data, cfg.tokenizer))
+    if distributed.is_main() and not (directory / "meta.json").is_file():
+        from filelock import FileLock
+
+        with FileLock(str(directory) + ".lock"):  # one preparation at a time per store
+            if not (directory / "meta.json").is_file():
+                prepare_store(cfg, directory, progress)
+    distributed.barrier()
+    return directory
+
+
+def _counted(stream: Iterator, count: list[int], bar) -> Iterator:
+    """``stream``, counting its items in ``count[0]`` and on the progress ``bar``."""
+    for item in stream:
+        count[0] += 1
+        if count[0] % 10_000 == 0:
+            bar.update(10_000)
+        yield item
+
+
+def _write_ids(
+    writer: StoreWriter, train: SpooledCorpus, tokenizer: Tokenizer, progress: bool
+) -> None:
+    """Tokenise ``train`` in chunks of :data:`CHUNK_PAIRS` pairs and append the ids."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(train), desc="tokenising", unit=" pairs", disable=not progress) as bar:
+        for start in range(0, len(train), CHUNK_PAIRS):
+            end = start + CHUNK_PAIRS
+            src = tokenizer.encode_batch(train.src[start:end])
+            tgt = tokenizer.encode_batch(train.tgt[start:end])
+            writer.append(src, tgt)
+            bar.update(len(src))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m posenc.data.prepare [OVERRIDE ...]``: prepare the store ``train.py`` with
+    the same overrides would use, print where it is and what it holds."""
+    from hydra import compose, initialize_config_dir
+
+    from posenc.config import CONFIG_DIR
+    from posenc.data.corpus import DataError
+    from posenc.runtime.cli import one_line_errors
+
+    args = sys.argv[1:] if argv is None else argv
+    if any(arg in ("-h", "--help") for arg in args):
+        print(__doc__)
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with one_line_errors("posenc.data.prepare", (DataError, ValueError)):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=args)
+        directory = prepared_store(cfg, progress=True)
+        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+        size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+        print(f"{directory}: {meta['rows']:,} training pairs, {size / 2**20:,.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

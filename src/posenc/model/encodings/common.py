@@ -1,0 +1,167 @@
+"""What two or more encodings share, in one place: every encoding module imports only
+:mod:`~posenc.model.encodings.base` and this module, never another encoding's module
+(``tests/test_layout.py`` checks it), so each family reads and changes on its own.
+
+* :func:`sinusoidal_table`: the sinusoids of Vaswani et al. (sinpe; Transformer-XL's ``R``;
+  FLOATER's initial positions);
+* :func:`relative_position_bucket`: T5's buckets of relative positions (T5; TUPE-R);
+* :func:`used_rows`, :func:`gather_rows`: a relative table evaluated only at the rows a call
+  uses, and its per-row scores gathered back to the ``(Lq, Lk)`` pairs (Transformer-XL;
+  DeBERTa);
+* :class:`SharedBias`: the rule that adds a stack's per-forward bias (ALiBi, KERPLE, T5, FIRE
+  with ``share_layers``);
+* :class:`DistanceBiasEncoding` with :data:`SPLIT_PENALTY`, :func:`side_distances` and
+  :func:`split_blocked`: a bias decaying with distance and its encoder forms (ALiBi, KERPLE).
+
+Shapes: ``H`` heads, ``L``/``Lq``/``Lk`` lengths, ``d`` d_model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from posenc.model.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
+
+
+def sinusoidal_table(
+    positions: Tensor, d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """Sinusoidal encodings ``(L, d)`` of ``positions (L,)`` in ``dtype``; even dims sin, odd
+    dims cos."""
+    if d_model % 2:
+        raise ValueError(f"sinpe needs an even d_model, got {d_model}")
+    steps = torch.arange(0, d_model, 2, device=positions.device, dtype=dtype)
+    inv_freq = base ** (-steps / d_model)
+    angles = positions.to(dtype)[:, None] * inv_freq[None, :]
+    table = torch.empty(positions.shape[0], d_model, device=positions.device, dtype=dtype)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles)
+    return table
+
+
+def relative_position_bucket(
+    relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> Tensor:
+    """T5's bucket (long, same shape) of each ``relative_position = key_pos - query_pos``.
+
+    Bidirectional: buckets ``[0, n/2)`` for ``key <= query``, ``[n/2, n)`` for ``key > query``.
+    Causal: ``[0, n)`` by how far the key lies to the left; future keys fall in bucket 0. Within
+    a half of ``m`` buckets, distances below ``m/2`` are exact and the rest are binned
+    logarithmically up to ``max_distance``, clipped to the last bucket.
+    """
+    if bidirectional:
+        num_buckets //= 2
+        offset = (relative_position > 0).long() * num_buckets
+        distance = relative_position.abs()
+    else:
+        offset = torch.zeros_like(relative_position)
+        distance = (-relative_position).clamp(min=0)
+    max_exact = num_buckets // 2
+    # Same operation order as T5, so float rounding picks the same bucket at bin edges.
+    log_bucket = (
+        torch.log(distance.clamp(min=1).float() / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).long()
+    large = (max_exact + log_bucket).clamp(max=num_buckets - 1)
+    return offset + torch.where(distance < max_exact, distance, large)
+
+
+def used_rows(index: Tensor) -> tuple[Tensor, Tensor]:
+    """The table rows that the ``(Lq, Lk)`` long ``index`` refers to, as the contiguous range
+    ``arange(lo, hi + 1)`` ``(n,)``, and ``index - lo`` (each entry's row in that range)."""
+    lo, hi = torch.aminmax(index)
+    lo, hi = int(lo), int(hi)
+    return torch.arange(lo, hi + 1, device=index.device), index - lo
+
+
+def gather_rows(per_row: Tensor, index: Tensor) -> Tensor:
+    """``out[..., i, j] = per_row[..., i, index[i, j]]``: ``(B, H, L1, n)`` scores per table row
+    into ``(B, H, L1, L2)`` scores per pair, for an ``(L1, L2)`` long ``index``."""
+    b, h, rows, _ = per_row.shape
+    return per_row.gather(-1, index.expand(b, h, rows, index.shape[-1]))
+
+
+SPLIT_PENALTY = -1.0e4
+"""The bias of keys on the side a ``split`` head does not look at: ``exp(-1e4)`` is exactly 0
+in float32 and bfloat16, so for a real query (whose own key scores 0) it is a mask."""
+
+
+def side_distances(q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """Float ``(Lq, Lk)`` distances ``i - j`` of keys before the query and ``j - i`` of keys
+    after it, each 0 on the other side (and at ``j = i``)."""
+    signed = (k_pos[None, :] - q_pos[:, None]).float()  # j - i
+    return (-signed).clamp(min=0), signed.clamp(min=0)
+
+
+def split_blocked(n_heads: int, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """Bool ``(H, Lq, Lk)``, True where a ``split`` head does not look: keys after the query
+    for even heads, keys before it for odd heads."""
+    signed = k_pos[None, :] - q_pos[:, None]
+    looks_forward = (torch.arange(n_heads, device=q_pos.device) % 2).bool()[:, None, None]
+    return torch.where(looks_forward, signed[None] < 0, signed[None] > 0)
+
+
+class SharedBias(AttentionRule):
+    """Adds the stack's per-forward bias ``call.context`` (``(1, H, Lq, Lk)``) to the logits.
+
+    The rule of every bias encoding whose bias is the same in all layers of a stack (ALiBi, T5,
+    KERPLE): the stack computes it once in ``context``; each layer only reads it. Entries at
+    :data:`SPLIT_PENALTY` are the side a ``split`` head does not look at (a mask).
+    """
+
+    masking_bias = SPLIT_PENALTY
+
+    def bias(
+        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> Tensor | None:
+        return call.context
+
+
+class DistanceBiasEncoding(StackEncoding):
+    """A bias that decays with the query-key distance (ALiBi, KERPLE), shared by every layer of
+    the stack through :class:`SharedBias`, with the encoder forms of ``encoder_bias``.
+
+    Subclasses give the bias of each side in :meth:`context` and combine them with
+    :meth:`encoder_bias_of`; the decoder uses the "before" side alone (the papers' causal form).
+    """
+
+    applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
+    FORMS = {
+        "split": "split (half the heads look left, half right)",
+        "asymmetric": "asymmetric (slopes before/after the query differ)",
+        "symmetric": "symmetric in |i-j| (no word order)",
+    }
+    option_forms = tuple({"encoder_bias": form} for form in FORMS)
+
+    def __init__(
+        self, site: Site, d_model: int, n_heads: int, n_layers: int, encoder_bias: str
+    ) -> None:
+        super().__init__(site, d_model, n_heads, n_layers)
+        if encoder_bias not in self.FORMS:
+            raise ValueError(
+                f"{type(self).__name__}: encoder_bias={encoder_bias!r} is unknown; use one of "
+                f"{list(self.FORMS)}"
+            )
+        self.encoder_bias = encoder_bias
+        others = ", ".join(text for form, text in self.FORMS.items() if form != encoder_bias)
+        self.encoder_form = f"{self.FORMS[encoder_bias]}; options: {others}"
+        self.sees_source_order = encoder_bias != "symmetric"
+        self.rule = SharedBias()
+
+    def encoder_bias_of(
+        self, before: Tensor, after: Tensor, q_pos: Tensor, k_pos: Tensor
+    ) -> Tensor:
+        """The encoder's ``(1, H, Lq, Lk)`` bias from the ``(H, Lq, Lk)`` biases of keys before
+        and after the query (each 0 on the other side); ``split`` heads get
+        :data:`SPLIT_PENALTY` on the side they do not look at."""
+        bias = before + after
+        if self.encoder_bias == "split":
+            bias = bias.masked_fill(split_blocked(self.n_heads, q_pos, k_pos), SPLIT_PENALTY)
+        return bias[None]
+
+    def self_rule(self, layer: int) -> AttentionRule:
+        return self.rule
