@@ -6,6 +6,7 @@ import logging
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import SHARED_DATA, sentences, write_pair
@@ -469,3 +470,31 @@ def test_collate_adds_specials_and_pads():
     assert tgt_out.tolist() == [[9, 2, 0], [10, 11, 2]]
     src, tgt_in, tgt_out = collate([[4]], [[]], pad_id=0, bos_id=1, eos_id=2)
     assert (src.shape, tgt_in.tolist(), tgt_out.tolist()) == ((1, 2), [[1]], [[2]])
+
+
+def greedy_cuts(need: list[int], max_tokens: int) -> list[tuple[int, int]]:
+    """The batching rule written as the obvious loop: add examples while the padded size of the
+    batch (its longest example times its size) fits; the first one always goes in."""
+    cuts, start, longest = [], 0, 0
+    for i, n in enumerate(need):
+        grown = max(longest, n)
+        if i > start and grown * (i - start + 1) > max_tokens:
+            cuts.append((start, i))
+            start, grown = i, n
+        longest = grown
+    return [*cuts, (start, len(need))]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_batches_are_the_greedy_cuts_of_the_sorted_examples_without_per_example_objects(seed):
+    rng = np.random.default_rng(seed)
+    count, max_tokens = int(rng.integers(1, 400)), int(rng.integers(1, 300))
+    src, tgt = rng.integers(0, 80, count), rng.integers(0, 80, count)
+    batcher = TokenBatcher(src.astype(np.int32), tgt.astype(np.int32), max_tokens, shuffle=False)
+    order = np.lexsort((tgt, src))
+    need = np.maximum(src[order] + 1, tgt[order] + 2).tolist()
+    expected = [order[a:b].tolist() for a, b in greedy_cuts(need, max_tokens)]
+    batches = batcher.batches(0)
+    assert batches == expected and list(batches) == expected
+    assert batches[1:3] == expected[1:3] and batches[-1] == expected[-1]
+    assert batcher.src.dtype == np.int32  # the prepared corpus's lengths are not copied

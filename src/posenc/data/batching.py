@@ -63,8 +63,8 @@ class TokenBatcher:
                 f"TokenBatcher needs max_tokens >= 1, seed >= 0 and 0 <= rank < world_size; got "
                 f"max_tokens={max_tokens}, seed={seed}, rank={rank}, world_size={world_size}"
             )
-        self.src = np.asarray(src_lengths, dtype=np.int64)
-        self.tgt = np.asarray(tgt_lengths, dtype=np.int64)
+        # as given when already integer arrays (a prepared corpus's int32 lengths: no copy)
+        self.src, self.tgt = _lengths(src_lengths), _lengths(tgt_lengths)
         self.max_tokens = int(max_tokens)
         self.seed, self.shuffle = int(seed), bool(shuffle)
         self.rank, self.world_size = int(rank), int(world_size)
@@ -76,43 +76,81 @@ class TokenBatcher:
                 oversized,
                 self.max_tokens,
             )
-        self._per_rank = len(self._cuts) // self.world_size
+        self._per_rank = len(self._cuts[0]) // self.world_size
         if self._per_rank == 0:
             raise DataError(
-                f"{len(self._cuts)} batches cannot be shared by {world_size} ranks; lower "
+                f"{len(self._cuts[0])} batches cannot be shared by {world_size} ranks; lower "
                 "max_tokens or world_size"
             )
 
-    def _cut_points(self, order: np.ndarray) -> list[tuple[int, int]]:
-        """``[start, end)`` slices of the sorted order, one per batch."""
-        src = (self.src[order] + 1).tolist()
-        tgt = (self.tgt[order] + 2).tolist()
-        cuts, start, longest = [], 0, 0
-        for i, (s, t) in enumerate(zip(src, tgt, strict=True)):
-            grown = max(longest, s, t)
-            if i > start and grown * (i - start + 1) > self.max_tokens:
-                cuts.append((start, i))
-                start, grown = i, max(s, t)
-            longest = grown
-        cuts.append((start, len(src)))
-        return cuts
+    def _cut_points(self, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``[start, end)`` slices of the sorted order, one per batch (``starts``, ``ends``):
+        from each start, greedily the longest run whose padded size fits the budget. Each
+        batch is found with array operations over a window of at most ``max_tokens // 2 + 1``
+        examples (each needs at least 2 target positions), so no per-example Python objects
+        are made."""
+        need = np.maximum(self.src[order] + 1, self.tgt[order] + 2)
+        window = self.max_tokens // 2 + 1
+        sizes = np.arange(1, window + 1)
+        starts, ends, start, count = [], [], 0, len(need)
+        while start < count:
+            longest = np.maximum.accumulate(need[start : start + window])
+            over = np.flatnonzero(longest * sizes[: len(longest)] > self.max_tokens)
+            over = over[over > 0]  # the first example always goes in, alone if it must
+            end = start + (int(over[0]) if len(over) else len(longest))
+            starts.append(start)
+            ends.append(end)
+            start = end
+        return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
 
-    def batches(self, epoch: int) -> list[list[int]]:
-        """This rank's batches of epoch ``epoch`` (lists of example indices), in training order."""
+    def batches(self, epoch: int) -> EpochBatches:
+        """This rank's batches of epoch ``epoch`` (each a list of example indices), in training
+        order."""
+        starts, ends = self._cuts
         if self.shuffle:
             rng = np.random.default_rng([self.seed, int(epoch)])
             order = np.lexsort((rng.random(len(self.src)), self.tgt, self.src))
+            batch_order = rng.permutation(len(starts))
         else:
             order = np.lexsort((self.tgt, self.src))
-        batches = [order[a:b].tolist() for a, b in self._cuts]
-        if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        batches = batches[: self._per_rank * self.world_size]
-        return batches[self.rank :: self.world_size]
+            batch_order = np.arange(len(starts))
+        chosen = batch_order[: self._per_rank * self.world_size][self.rank :: self.world_size]
+        return EpochBatches(order, starts[chosen], ends[chosen])
 
     def __len__(self) -> int:
         """Batches per epoch for this rank."""
         return self._per_rank
+
+
+class EpochBatches(Sequence[list[int]]):
+    """One epoch's batches as a sequence of index lists, made one at a time from the epoch's
+    sorted ``order`` and each batch's ``[start, end)`` in it (no Python object per example:
+    memory stays flat however large the corpus). Slices are batches too; it equals a list of
+    the same index lists."""
+
+    def __init__(self, order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        self._order, self._starts, self._ends = order, starts, ends
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return EpochBatches(self._order, self._starts[k], self._ends[k])
+        return self._order[self._starts[k] : self._ends[k]].tolist()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  (mutable-sequence semantics: equal to lists)
+
+
+def _lengths(values: Sequence[int]) -> np.ndarray:
+    """``values`` as an integer array, not copied when it is one already."""
+    array = np.asarray(values)
+    return array if np.issubdtype(array.dtype, np.integer) else array.astype(np.int64)
 
 
 def collate(

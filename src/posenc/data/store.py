@@ -41,23 +41,27 @@ SIDES = ("src", "tgt")
 
 class TokenColumn(Sequence[list[int]]):
     """One side of a store, as a sequence of id lists: ``column[i]`` is row ``rows[i]``'s ids
-    (all rows when ``rows`` is None); ``lengths`` are their token counts, ``(N,)`` int64."""
+    (all rows when ``rows`` is None); ``lengths`` are their token counts, ``(N,)`` int32. The
+    ids and offsets stay memory-mapped: a process holds 4 bytes a pair (8 with ``rows``)."""
 
     def __init__(self, ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray | None = None):
-        self._ids, self._offsets = ids, offsets
-        self._rows = np.arange(len(offsets) - 1) if rows is None else rows
-        self.lengths = (offsets[self._rows + 1] - offsets[self._rows]).astype(np.int64)
+        self._ids, self._offsets, self._rows = ids, offsets, rows
+        ends = offsets[1:] if rows is None else offsets[rows + 1]
+        starts = offsets[:-1] if rows is None else offsets[rows]
+        self.lengths = (ends - starts).astype(np.int32)
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self.lengths)
 
     def __getitem__(self, i):  # an index, as the training loop asks (slices are not needed)
-        row = self._rows[i]
+        row = i if self._rows is None else self._rows[i]
         return self._ids[self._offsets[row] : self._offsets[row + 1]].tolist()
 
     def select(self, rows: np.ndarray) -> TokenColumn:
         """The column of ``rows`` (positions in this column)."""
-        return TokenColumn(self._ids, self._offsets, self._rows[rows])
+        chosen = rows if self._rows is None else self._rows[rows]
+        index = np.int32 if len(self._offsets) < 2**31 else np.int64
+        return TokenColumn(self._ids, self._offsets, chosen.astype(index))
 
 
 class TokenStore:
@@ -185,7 +189,7 @@ def open_store(directory: Path) -> TokenStore:
             raise ValueError(f"format {meta.get('format')}, dtype {dtype}")
         columns = []
         for side in SIDES:
-            offsets = np.fromfile(directory / f"{side}.off", dtype=np.int64)
+            offsets = np.memmap(directory / f"{side}.off", dtype=np.int64, mode="r")
             size = (directory / f"{side}.bin").stat().st_size // dtype.itemsize
             if len(offsets) != rows + 1 or offsets[0] != 0 or offsets[-1] != size:
                 raise ValueError(f"{side}.off does not match {side}.bin and {rows} rows")
