@@ -8,18 +8,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from tokenizers import pre_tokenizers
 
 from posenc.data.batching import collate
 from posenc.data.tokenizer import Tokenizer
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime.files import replacing
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 #: the token arrays an attention example holds beside its maps
 SOURCE, TARGET = "source_tokens", "target_tokens"
@@ -121,6 +122,9 @@ def attention_figure(maps: dict[str, np.ndarray], title: str) -> Figure:
     """Sites in rows, heads in columns: each map with its key tokens across (every panel) and
     its query tokens down (first panel of a row), one colour bar per site (weights from 0 to
     the site's 99th percentile, so one key holding a whole row does not wash out the rest)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # imported when drawing
+    from matplotlib.figure import Figure
+
     sites = [k for k in maps if k not in TOKEN_KEYS]
     heads = max(maps[s].shape[0] for s in sites)
     longest = max(max(maps[s].shape[1:]) for s in sites)

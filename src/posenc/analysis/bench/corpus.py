@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from posenc.data.streams import pairs
@@ -41,15 +43,36 @@ class Usage:
 
 @dataclass
 class SizeResult:
-    """The measurements at one corpus size."""
+    """The measurements at one corpus size; ``seconds_to_training``: from the training
+    command's start to its log line that the model is built and the first batch is next (the
+    ``first_step`` command also validates and saves after its one step)."""
 
     pairs: int
     store_mb: float
     prepare: Usage
     first_step: Usage
+    seconds_to_training: float | None
     pairs_per_second: float
     two_ranks: Usage | None = None
     meta: dict = field(default_factory=dict)
+
+
+#: the training log line written when set-up is done and the first batch comes next
+SET_UP_DONE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[posenc\.training\.loop\]\[INFO\] - model: "
+)
+
+
+def set_up_done(train_log: Path) -> float | None:
+    """The time (seconds since the epoch) of the run's set-up-done line, None without one."""
+    if not train_log.is_file():
+        return None
+    for line in train_log.read_text(encoding="utf-8", errors="replace").splitlines():
+        found = SET_UP_DONE.match(line)
+        if found:
+            stamp = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f")
+            return stamp.timestamp()
+    return None
 
 
 def synthetic_corpus(data_dir: Path, out: Path, count: int) -> str:
@@ -177,9 +200,12 @@ def bench_size(
         f"threads={threads}",
     ]
     run_dir = work / "runs" / f"{stem}-{time.time_ns()}"
+    launched = time.time()
     first_step = measure(
         [python, "train.py", *training, f"hydra.run.dir={run_dir}", f"name={stem}"], env
     )
+    done = set_up_done(run_dir / "train.log")
+    to_training = None if done is None else round(done - launched, 2)
     two = None
     if ranks:
         torchrun = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -189,22 +215,31 @@ def bench_size(
             skip_root=True,
         )
     return SizeResult(
-        count, round(size, 1), prepare, first_step, round(count / prepare.seconds), two, meta
+        count,
+        round(size, 1),
+        prepare,
+        first_step,
+        to_training,
+        round(count / prepare.seconds),
+        two,
+        meta,
     )
 
 
 def markdown(results: list[SizeResult]) -> str:
     """The results as a markdown table."""
     lines = [
-        "| pairs | prepare s | pairs/s | prepare peak RSS MB | store MB | run to first step s | "
-        "run peak RSS MB | 2 ranks RSS sum MB | 2 ranks PSS sum MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| pairs | prepare s | pairs/s | prepare peak RSS MB | store MB | run: start to first "
+        "batch s | run: 1 step + validation s | run peak RSS MB | 2 ranks RSS sum MB | "
+        "2 ranks PSS sum MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         two = r.two_ranks
         lines.append(
             f"| {r.pairs:,} | {r.prepare.seconds:.1f} | {r.pairs_per_second:,} | "
-            f"{r.prepare.peak_rss_mb:,.0f} | {r.store_mb:,.0f} | {r.first_step.seconds:.1f} | "
+            f"{r.prepare.peak_rss_mb:,.0f} | {r.store_mb:,.0f} | {r.seconds_to_training} | "
+            f"{r.first_step.seconds:.1f} | "
             f"{r.first_step.peak_rss_mb:,.0f} | "
             f"{f'{two.peak_rss_sum_mb:,.0f}' if two else ''} | "
             f"{f'{two.peak_pss_sum_mb:,.0f}' if two else ''} |"

@@ -69,7 +69,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torchdiffeq import odeint
 
 from posenc.model.encodings.base import (
     AttentionCall,
@@ -118,7 +117,10 @@ class PositionFlow(EncodingModule):
 
 def solve_positions(flow: nn.Module, initial: Tensor, times: Tensor) -> Tensor:
     """The trajectory ``(T, *initial.shape)`` of ``dp/dt = flow(t, p)`` from ``initial`` at
-    ``times[0]``, sampled at ``times (T,)`` (increasing), one RK4 step between neighbours."""
+    ``times[0]``, sampled at ``times (T,)`` (increasing), one RK4 step between neighbours.
+    torchdiffeq (and the SciPy it loads, 0.7 s) is imported on first use, not with posenc."""
+    from torchdiffeq import odeint
+
     return odeint(flow, initial, times, method="rk4")
 
 
