@@ -23,6 +23,7 @@ from conftest import ROOT, SMOKE, compose
 from omegaconf import OmegaConf
 
 from posenc.analysis.report.build import main as report_main
+from posenc.config import differences
 from posenc.evaluation import evaluate as evaluate_module
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
@@ -228,6 +229,14 @@ def test_a_setting_added_later_with_an_off_default_leaves_directory_names_as_the
     assert run_dir_name("", {**later, "trainer": {**later["trainer"], "new_switch": 1}}) != (
         run_dir_name("", cfg)
     )
+
+
+def test_a_checkpoint_from_before_a_setting_with_an_off_default_still_matches_its_config():
+    saved = {"tokenizer": {"kind": "bpe", "vocab_size": 8000}, "pe": {"name": "rope"}}
+    now = {**saved, "tokenizer": {**saved["tokenizer"], "train_sentences": None}}
+    assert differences(saved, now) == []
+    sampled = {**saved, "tokenizer": {**saved["tokenizer"], "train_sentences": 100}}
+    assert differences(saved, sampled) == ["tokenizer.train_sentences=<unset> (now 100)"]
 
 
 def test_a_directory_name_fits_a_file_system_however_many_overrides():

@@ -405,9 +405,11 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def identity(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The flattened ``pe.*``, ``model.*`` and ``tokenizer.*`` settings of a plain config."""
+    """The flattened ``pe.*``, ``model.*`` and ``tokenizer.*`` settings of a plain config; one
+    that is null or an empty mapping is left out, as if absent (see :func:`training_identity`),
+    so a checkpoint from before a setting with such a default still loads."""
     flat = flatten({group: config.get(group, {}) for group in IDENTITY_GROUPS})
-    return {key: value for key, value in flat.items() if key not in PATH_KEYS}
+    return {key: value for key, value in _present(flat).items() if key not in PATH_KEYS}
 
 
 def _real_path(value: Any) -> Any:
