@@ -19,6 +19,16 @@
   The inverse frequencies equal ``transformers.modeling_rope_utils``' ("linear", "yarn", and
   "dynamic" at every length; static ``ntk`` where "dynamic"'s base equals it).
 
+  p-RoPE (Barbero et al. 2025, "Round and Round We Go!"; transformers' ``"proportional"`` rope
+  type, whose fraction is its ``partial_rotary_factor``), ``rope_proportion = p``: the
+  ``floor(p D / 2)`` highest frequencies ``theta_i = base^(-2i/D)`` of a whole head (``D``
+  dims) are kept and the lower ones set to 0, so their pairs are never rotated (angle 0 at every
+  position; the paper's position-free "semantic" channels). Unlike ``rotary_fraction``, which
+  rotates the first ``r`` dims with frequencies computed over ``r``, the exponent keeps ``D``:
+  the kept frequencies are RoPE's own. The zeroing follows the scaling (transformers'
+  ``factor`` is ``linear``'s), and dynamic NTK's stretch multiplies each frequency, so a zeroed
+  one stays 0; YaRN's temperature still scales every pair.
+
   Dynamic NTK and the cache: ``L`` grows while decoding. transformers rotates each new token
   at the base of the length so far and caches it rotated, so its cached decoding differs from
   recomputing the sequence (huggingface/transformers#25104); caching keys unrotated (the fix
@@ -47,7 +57,8 @@ complex number ``x_2i + i x_2i+1`` and turns by multiplication with ``e^(i m the
 also the cheapest form on CPU (one complex multiply forward, one backward). transformers' Llama
 pairs ``(i, i + r/2)`` ("rotate half"); the two differ only by a fixed permutation of head dims,
 which the learned q/k projections absorb (the tests check the equivalence number for number).
-The remaining ``D - r`` dims pass through unrotated.
+The remaining ``D - r`` dims pass through unrotated. p-RoPE keeps ``r = D`` and zeroes the last
+pairs' frequencies instead.
 
 Where it applies: encoder and decoder self-attention. Cross-attention stays plain: source and
 target positions do not lie on one axis. Keys are rotated once, at their own position, before
@@ -83,6 +94,34 @@ def rotary_dim(head_dim: int, rotary_fraction: float) -> int:
             "rotation needs an even, positive number of dims (pairs)"
         )
     return r
+
+
+def proportional_frequencies(inv_freq: Tensor, rope_proportion: float) -> Tensor:
+    """p-RoPE: ``inv_freq (D/2,)``, a whole head's frequencies from highest to lowest, with all
+    but the ``floor(p D / 2)`` highest set to 0 (a new tensor), ``p = rope_proportion``.
+
+    ValueError unless ``p`` is a number in (0, 1] that keeps at least one frequency.
+    """
+    pairs = inv_freq.shape[-1]
+    if isinstance(rope_proportion, bool) or not isinstance(rope_proportion, int | float):
+        raise ValueError(
+            f"rope: rope_proportion={rope_proportion!r} must be a number in (0, 1] "
+            "(the fraction of frequencies kept) or null (plain RoPE)"
+        )
+    if not 0.0 < rope_proportion <= 1.0:
+        raise ValueError(
+            f"rope: rope_proportion={rope_proportion} must lie in (0, 1] "
+            "(the fraction of frequencies kept), or be null for plain RoPE"
+        )
+    kept = int(rope_proportion * pairs)
+    if kept == 0:
+        raise ValueError(
+            f"rope: rope_proportion={rope_proportion} keeps none of the {pairs} frequencies of "
+            f"head dim {2 * pairs}; raise it to keep one (rope_proportion >= 1/{pairs})"
+        )
+    out = inv_freq.clone()
+    out[kept:] = 0.0
+    return out
 
 
 def yarn_attention_factor(factor: float) -> float:
@@ -282,7 +321,8 @@ class _RotaryStack(StackEncoding):
 
 
 class RotaryEncoding(_RotaryStack):
-    """RoPE (Su et al.) on encoder and decoder self-attention, with optional context extension.
+    """RoPE (Su et al.) on encoder and decoder self-attention, with optional context extension
+    and p-RoPE's zeroed lowest frequencies.
 
     Args:
         site, d_model, n_heads, n_layers: see :class:`StackEncoding`.
@@ -295,11 +335,15 @@ class RotaryEncoding(_RotaryStack):
         factor: the context-extension factor (>= 1); ignored with ``scaling=none``.
         original_max_len: the training length (YaRN's ramp bounds depend on it, and dynamic
             NTK scales only longer sequences).
+        rope_proportion: p-RoPE's fraction ``p`` of frequencies kept: the ``floor(p D / 2)``
+            highest of the whole head, the lower ones set to 0 (those pairs are not rotated);
+            ``None`` (the default) is plain RoPE. Needs ``rotary_fraction = 1``.
     """
 
     applies_to = "encoder and decoder self-attention (q, k rotated); cross-attention plain"
     encoder_form = "same rotation as the decoder (RoPE is bidirectional by construction)"
     speed_target = 1.10
+    option_forms = ({"rope_proportion": 0.75},)
 
     def __init__(
         self,
@@ -312,11 +356,17 @@ class RotaryEncoding(_RotaryStack):
         scaling: str = "none",
         factor: float = 1.0,
         original_max_len: int = 256,
+        rope_proportion: float | None = None,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
         if scaling not in SCALINGS:
             raise ValueError(f"rope: scaling={scaling!r} is unknown; use one of {SCALINGS}")
         dim = rotary_dim(d_model // n_heads, rotary_fraction)
+        if rope_proportion is not None and rotary_fraction != 1.0:
+            raise ValueError(
+                f"rope: rope_proportion={rope_proportion} with rotary_fraction={rotary_fraction} "
+                "leaves dims unrotated twice; set rotary_fraction=1.0 for p-RoPE"
+            )
         if scaling != "none" and factor < 1.0:
             raise ValueError(f"rope: scaling={scaling} needs factor >= 1, got factor={factor}")
         if scaling in ("ntk", "dynamic_ntk") and dim <= 2:
@@ -328,6 +378,8 @@ class RotaryEncoding(_RotaryStack):
         inv_freq, self.attention_factor = rope_inverse_frequencies(
             dim, base, scaling, factor, original_max_len
         )
+        if rope_proportion is not None:
+            inv_freq = proportional_frequencies(inv_freq, rope_proportion)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.dynamic = scaling == "dynamic_ntk"
         self.factor = factor
