@@ -77,7 +77,10 @@ def test_the_command_runs_as_a_module(trained):
     [
         (["run_dir={missing}"], "config.yaml not found: is .* a posenc run"),
         (["run_dir={run}", "input={missing}"], "cannot read input=.*: No such file or directory"),
-        (["input=x.txt"], "usage: python -m posenc.translate run_dir=RUN"),
+        (["input=x.txt"], "run_dir= is required; usage: python -m posenc.translate run_dir=PATH"),
+        (["run_dr={run}"], "unknown argument run_dr=; did you mean run_dir=\\?"),
+        (["run_dir={run}", "inpt=x.txt"], "unknown argument inpt=; did you mean input=\\?"),
+        (["run_dir={run}", "eval.beam_size"], "'eval.beam_size' is not KEY=VALUE"),
         (["run_dir={run}", "eval.beam_sise=5"], "Key 'beam_sise' is not in the run's config"),
         (["run_dir={run}", "eval.beam_size=0"], "eval.beam_size=0 must be an integer >= 1"),
     ],
@@ -104,3 +107,15 @@ def test_a_run_saved_before_beam_search_existed_can_use_it(trained, tmp_path):
     metrics = json.loads((old / "evals" / "eval.beam_size=2,step=30" / "metrics.json").read_text())
     assert metrics["splits"]["test"]["beam_size"] == 2
     assert metrics["splits"]["test"]["lenpen"] == 1.0
+
+
+@pytest.mark.parametrize("command", ["posenc.translate", "posenc.evaluation"])
+def test_help_lists_the_arguments_and_the_settings_with_their_defaults_and_exits_0(command):
+    done = subprocess.run(
+        [sys.executable, "-m", command, "--help"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: python -m {command} run_dir=PATH")
+    for line in ("  run_dir=  the trained run", "  eval.beam_size=1", "  eval.splits=[all]"):
+        assert line in done.stdout
+    assert f"Example:\n  python -m {command} run_dir=" in done.stdout

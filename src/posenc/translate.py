@@ -26,32 +26,24 @@ from posenc.evaluation.evaluate import average_last
 from posenc.evaluation.standalone import check_run_dir, compose_run_config, load_checked
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime.checkpoint import CheckpointError
-from posenc.runtime.cli import one_line_errors
+from posenc.runtime.cli import Command, one_line_errors
 from posenc.runtime.device import resolve_device
 from posenc.runtime.files import write_text
 
 log = logging.getLogger("posenc.translate")
 
-USAGE = "usage: python -m posenc.translate run_dir=RUN [input=FILE] [output=FILE] [KEY=VALUE ...]"
-PATHS = ("run_dir", "input", "output")
-
-
-def parse_args(args: list[str]) -> tuple[dict[str, Path], list[str]]:
-    """The paths ``run_dir=``, ``input=`` and ``output=`` given in ``args``, and the config
-    overrides (everything else); SystemExit (usage) without one ``run_dir=``."""
-    paths: dict[str, Path] = {}
-    overrides = []
-    for arg in args:
-        key, _, value = arg.partition("=")
-        if key not in PATHS:
-            overrides.append(arg)
-        elif key in paths or not value:
-            raise SystemExit(f"{key}= must be given once, with a path; {USAGE}")
-        else:
-            paths[key] = Path(value).expanduser()
-    if "run_dir" not in paths:
-        raise SystemExit(USAGE)
-    return paths, overrides
+COMMAND = Command(
+    "posenc.translate",
+    {
+        "run_dir": "the trained run (a directory with config.yaml and checkpoints/)",
+        "input": "source sentences, one a line (default: stdin)",
+        "output": "where the translations go, one a line (default: stdout)",
+    },
+    ("run_dir",),
+    "Translate text with a trained run, by the run's own tokenizer and decoding settings.",
+    "python -m posenc.translate run_dir=outputs/runs/default/pe=rope@1a2b3c4d input=fr.txt "
+    "eval.beam_size=5",
+)
 
 
 def read_lines(source: Path | None) -> list[str]:
@@ -106,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(args: list[str]) -> None:
-    paths, overrides = parse_args(args)
+    paths, overrides = COMMAND.read(args)
     run_dir = paths["run_dir"]
     check_run_dir(run_dir)
     cfg = compose_run_config(run_dir, overrides)

@@ -36,7 +36,7 @@ from posenc.evaluation.evaluate import average_last, evaluate
 from posenc.model.factory import checkpoint_path, load_run_model
 from posenc.runtime import untrusted
 from posenc.runtime.checkpoint import CheckpointError
-from posenc.runtime.cli import one_line_errors
+from posenc.runtime.cli import Command, one_line_errors
 from posenc.runtime.device import resolve_device
 from posenc.runtime.files import LinkRefused, refuse_links_leaving
 from posenc.runtime.lock import RunLockedError, run_lock
@@ -45,7 +45,14 @@ from posenc.runtime.untrusted import UntrustedFileError, read_config
 
 log = logging.getLogger("posenc.evaluation")
 
-USAGE = "usage: python -m posenc.evaluation run_dir=PATH [KEY=VALUE ...]"
+COMMAND = Command(
+    "posenc.evaluation",
+    {"run_dir": "the trained run (a directory with config.yaml and checkpoints/)"},
+    ("run_dir",),
+    "Evaluate a trained run again under other evaluation settings; the results go to "
+    "RUN/evals/<overrides>,step=N/ and replace nothing.",
+    "python -m posenc.evaluation run_dir=outputs/runs/default/pe=rope@1a2b3c4d eval.beam_size=5",
+)
 
 
 def compose_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
@@ -211,11 +218,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(args: list[str]) -> None:
-    run_args = [a for a in args if a.startswith("run_dir=")]
-    if len(run_args) != 1:
-        raise SystemExit(USAGE)
-    run_dir = Path(run_args[0].split("=", 1)[1]).expanduser()
-    overrides = [a for a in args if not a.startswith("run_dir=")]
+    paths, overrides = COMMAND.read(args)
+    run_dir = paths["run_dir"]
     check_run_dir(run_dir)
     cfg = compose_run_config(run_dir, overrides)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")

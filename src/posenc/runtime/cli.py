@@ -5,10 +5,19 @@ its traceback, for a bug report."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from posenc.config import CONFIG_DIR, flatten
 
 #: the environment variable that shows the traceback of an unforeseen exception
 FULL_ERROR = "POSENC_FULL_ERROR"
@@ -42,3 +51,97 @@ def one_line_errors(
 
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [""])[0]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A ``KEY=VALUE`` command line over a trained run: its name (``posenc.evaluation``), its
+    own arguments (``run_dir``, ...: name -> what it is), which of them are required, what it
+    does and an example; every other ``KEY=VALUE`` overrides the run's saved config."""
+
+    name: str
+    own: dict[str, str]
+    required: tuple[str, ...]
+    summary: str
+    example: str
+
+    @property
+    def usage(self) -> str:
+        parts = [f"{k}=PATH" if k in self.required else f"[{k}=PATH]" for k in self.own]
+        return f"usage: python -m {self.name} {' '.join(parts)} [KEY=VALUE ...]"
+
+    def help(self) -> str:
+        """The text ``--help`` prints: usage, what it does, its own arguments, every setting of
+        the run's config it may override with its default, and an example."""
+        lines = [self.usage, "", *textwrap.wrap(self.summary, 96), "", "Arguments:"]
+        lines += [f"  {k}=  {what}" for k, what in self.own.items()]
+        lines += ["", "Overrides of the run's saved config (the defaults of configs/):"]
+        lines += [f"  {key}={as_override(v)}" for key, v in overridable_defaults().items()]
+        lines += ["", "Example:", f"  {self.example}"]
+        return "\n".join(lines)
+
+    def read(self, args: list[str]) -> tuple[dict[str, Path], list[str]]:
+        """The command's own arguments (as paths) and the config overrides in ``args``.
+
+        Raises:
+            SystemExit: status 0 after printing the help for ``-h``/``--help``; otherwise one
+                line: an argument that is not ``KEY=VALUE``, an unknown key (with the closest
+                known one), an argument given twice or empty, a required one missing.
+        """
+        if any(arg in ("-h", "--help") for arg in args):
+            print(self.help())
+            raise SystemExit(0)
+        known = [*self.own, *top_level_settings()]
+        paths: dict[str, Path] = {}
+        overrides = []
+        for arg in args:
+            key, equals, value = arg.partition("=")
+            bare = key.lstrip("+~")
+            if not equals and not key.startswith("~"):
+                raise SystemExit(f"{self.name}: {arg!r} is not KEY=VALUE; {self.usage}")
+            if bare in self.own:
+                if bare in paths or not value:
+                    raise SystemExit(f"{self.name}: {bare}= must be given once, with a path")
+                paths[bare] = Path(value).expanduser()
+            elif bare.split(".")[0] not in known:
+                close = difflib.get_close_matches(bare.split(".")[0], known, n=1)
+                hint = f"did you mean {close[0]}=?" if close else "see --help"
+                raise SystemExit(f"{self.name}: unknown argument {bare}=; {hint}")
+            else:
+                overrides.append(arg)
+        missing = [k for k in self.required if k not in paths]
+        if missing:
+            raise SystemExit(f"{self.name}: {missing[0]}= is required; {self.usage}")
+        return paths, overrides
+
+
+def as_override(value: Any) -> str:
+    """``value`` as it is written on a Hydra command line (``true``, ``null``, ``[a,b]``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ",".join(as_override(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{as_override(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def top_level_settings() -> list[str]:
+    """The first component of every setting a run's config has: ``configs/train.yaml``'s own
+    keys and its config groups (``data``, ``eval``, ...)."""
+    train = OmegaConf.load(CONFIG_DIR / "train.yaml")
+    groups = [
+        next(iter(entry)).split(" ")[-1] for entry in train.defaults if not isinstance(entry, str)
+    ]
+    return [k for k in train if k not in ("defaults", "hydra")] + groups
+
+
+def overridable_defaults() -> dict[str, Any]:
+    """The settings a command over a trained run is meant to change, with their defaults: the
+    ``eval`` group's (``configs/eval/default.yaml``), ``device`` and ``threads``."""
+    train = OmegaConf.load(CONFIG_DIR / "train.yaml")
+    evaluation = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "eval" / "default.yaml"))
+    flat = {f"eval.{k}": v for k, v in flatten(evaluation).items()}
+    return {**flat, "device": train.device, "threads": train.threads}
