@@ -219,3 +219,43 @@ def test_cross_attention_carries_no_position_information(name):
         torch.testing.assert_close(
             attn(x, call, memory=memory), attn(x, call, memory=memory[:, perm])
         )
+
+
+def long_position_drift(model, length: int = 1040, span: int = 16) -> tuple[float, float]:
+    """How far bf16-autocast logits fall from float32 ones, per position (mean absolute
+    difference over the vocabulary over the float32 logits' spread), averaged over the first
+    and over the last ``span`` positions of a ``length``-token source and target."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+        src, tgt = torch.randint(3, 40, (1, length)), torch.randint(3, 40, (1, length))
+        exact = model(src, tgt).float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(src, tgt).float()
+    drift = (low - exact).abs().mean(-1)[0] / exact.std()
+    return float(drift[:span].mean()), float(drift[-span:].mean())
+
+
+@every_form
+def test_bf16_autocast_keeps_positions_near_1000_as_exact_as_the_first(name, overrides):
+    """Under bf16 autocast every encoding computes its angles, distances and tables in float32
+    (a rotary angle m * theta in bf16 is off by radians at m = 1000: transformers issues 25681
+    and 29496): the logits at positions near 1,000 drift from float32 no more than at the
+    first positions, beyond bf16's own rounding of the matrix products."""
+    if "max_len" in pe_config(name):
+        overrides = {**overrides, "max_len": 1100}
+    early, late = long_position_drift(tiny_model(name, d_model=32, layers=1, **overrides).eval())
+    assert late <= 2 * early + 1e-3, (early, late)
+
+
+def test_the_drift_check_catches_angles_computed_in_bf16(monkeypatch):
+    import posenc.model.encodings.rotary as rotary
+
+    def bf16_angles(positions, inv_freq, scale=1.0):  # the bug: the autocast dtype's angles
+        low = torch.bfloat16 if torch.is_autocast_enabled("cpu") else torch.float32
+        angles = (positions.to(low)[:, None] * inv_freq.to(low)).float()
+        return torch.complex(angles.cos() * scale, angles.sin() * scale)
+
+    monkeypatch.setattr(rotary, "rotation_table", bf16_angles)
+    early, late = long_position_drift(tiny_model("rope", d_model=32, layers=1).eval())
+    assert late > 4 * early
