@@ -33,7 +33,7 @@ lint: install  ## ruff
 	$(VENV)/bin/ruff format --check src tests scripts train.py
 
 # the encodings each part sweeps are its preset's: configs/experiment/demo.yaml, demo_toy.yaml
-demo: install  ## the main job (~15 min): two short sweeps, their reports and readings
+demo: install  ## the main job: two short sweeps, their reports and readings (README: its time)
 	HF_HUB_OFFLINE=1 $(PY) train.py -m experiment=demo
 	HF_HUB_OFFLINE=1 $(PY) train.py -m experiment=demo_toy
 	$(PY) scripts/report.py outputs/sweeps/demo --split tatoeba
@@ -43,7 +43,7 @@ demo: install  ## the main job (~15 min): two short sweeps, their reports and re
 report: install  ## report of a sweep: make report SWEEP=outputs/sweeps/NAME
 	$(PY) scripts/report.py $(SWEEP)
 
-bench: install  ## speed of every encoding and of the peers, issue 15's targets (~15 min; outputs/bench)
+bench: install  ## speed of every encoding and of the peers, with their targets (~15 min; outputs/bench)
 	$(PY) scripts/bench.py --threads 2 --lengths 64,128 --repeats 9 --peers
 
 clean:  ## remove the virtual environment
