@@ -8,7 +8,7 @@ SWEEP ?= outputs/sweeps/demo
 # test processes (pytest-xdist); each test runs torch on one thread
 TEST_WORKERS ?= 2
 
-.PHONY: help install test test-all lint demo report bench clean
+.PHONY: help install test test-all lint demo report bench gpu-bundle clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -45,6 +45,9 @@ report: install  ## report of a sweep: make report SWEEP=outputs/sweeps/NAME
 
 bench: install  ## speed of every encoding and of the peers, with their targets (~15 min; outputs/bench)
 	$(PY) scripts/bench.py --threads 2 --lengths 64,128 --repeats 9 --peers
+
+gpu-bundle: install  ## wheels and data the GPU machine lacks, into gpu_bundle/ (README: On a GPU)
+	PYTHON=$(PY) bash scripts/gpu/build_bundle.sh
 
 clean:  ## remove the virtual environment
 	rm -rf $(VENV)

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# The one command to run on the GPU machine (issue 31), from the repository root, with the
+# git-ignored gpu_bundle/ carried along (bash scripts/gpu/build_bundle.sh builds it here):
+#
+#   bash scripts/gpu/run.sh STEP [ARGS...]
+#
+# It installs the bundle's wheels with pip --no-index --no-deps into SITE (a folder put first on
+# PYTHONPATH: the image's torch and other packages stay as they are; a venv made from
+# /opt/torch/.venv would not see them), takes posenc from src/ (PYTHONPATH), reads the data from
+# gpu_bundle/data (POSENC_DATA) and writes at most a few files straight under $OUT (the device
+# tool brings back 8 files, none deeper than two folders). Steps, ARGS going to the step's command:
+#   test         pytest -x -q -n 8 on the suite; junit XML and the log to $OUT
+#   bench        scripts/bench.py at model=small, then model=base; JSON and markdown to $OUT
+#   seed_report  train.py -m experiment=seed_report, pe=nonepe,sinpe,rpe,rope,alibi, all at once
+#                (joblib), then scripts/report.py; the sweep without checkpoints as one tar.gz
+#   smoke        a tiny train + decode + score (experiment=smoke); its metrics to $OUT
+# Settings (environment): PYTHON (default /opt/torch/.venv/bin/python3, else python3); DEVICE
+# (default cuda when torch sees a GPU, else cpu: then every step runs with device=cpu on tiny
+# budgets, which is how tests/test_gpu_bundle.py checks this script); OUT (default
+# outputs/gpu); WORK (run directories, default a new folder in /tmp); SITE (default
+# /tmp/posenc_site); POSENC_CACHE (default /tmp/posenc_cache); TEST_WORKERS; SEED_MAX_TIME
+# (training seconds per seed_report run, default 360: preparing the mBERT corpus, decoding and
+# the report take the rest); DEADLINE (seconds from the start by which every step has ended,
+# default 580 on a GPU, where the device tool stops a command at 600; 3600 on the CPU).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$ROOT"
+STEP="${1:-}"
+case "$STEP" in
+  test | bench | seed_report | smoke) shift ;;
+  *)
+    echo "usage: bash scripts/gpu/run.sh test|bench|seed_report|smoke [ARGS...]" >&2
+    exit 2
+    ;;
+esac
+
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python3
+  [ -x /opt/torch/.venv/bin/python3 ] && PYTHON=/opt/torch/.venv/bin/python3
+fi
+case "$PYTHON" in  # absolute: seed_report runs from WORK
+  */*) PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")" ;;
+esac
+OUT="${OUT:-$ROOT/outputs/gpu}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+WORK="${WORK:-$(mktemp -d /tmp/posenc_gpu.XXXXXX)}"
+mkdir -p "$WORK"
+WORK="$(cd "$WORK" && pwd)"
+SITE="${SITE:-/tmp/posenc_site}"
+LOG="$OUT/$STEP.log"
+
+# --- install: the bundle's wheels this python can use, into SITE, offline --------------------
+WHEELS="$ROOT/gpu_bundle/wheels"
+if [ -d "$WHEELS" ]; then
+  selected="$("$PYTHON" scripts/gpu/bundle.py select "$WHEELS")"
+  mapfile -t wheels <<<"$selected"
+  if [ -n "$selected" ]; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --disable-pip-version-check --upgrade --target "$SITE" "${wheels[@]}"
+  fi
+elif ! "$PYTHON" -c "import hydra, omegaconf" 2>/dev/null; then
+  echo "no gpu_bundle/wheels and $PYTHON lacks hydra: run 'make gpu-bundle' here and carry" \
+    "gpu_bundle" >&2
+  exit 1
+else
+  echo "no gpu_bundle/wheels: using the packages of $PYTHON" >&2
+fi
+export PYTHONPATH="$SITE:$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+if [ -d "$ROOT/gpu_bundle/data" ]; then
+  export POSENC_DATA="${POSENC_DATA:-$ROOT/gpu_bundle/data}"
+fi
+export POSENC_CACHE="${POSENC_CACHE:-/tmp/posenc_cache}"
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+if [ -z "${DEVICE:-}" ]; then
+  DEVICE=cpu
+  "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" && DEVICE=cuda
+fi
+GPU=0
+[ "$DEVICE" = cpu ] || GPU=1
+DEADLINE="${DEADLINE:-$([ $GPU = 1 ] && echo 580 || echo 3600)}"
+
+{
+  echo "step=$STEP device=$DEVICE python=$PYTHON out=$OUT work=$WORK"
+  echo "POSENC_DATA=${POSENC_DATA:-} POSENC_CACHE=$POSENC_CACHE SITE=$SITE"
+  "$PYTHON" - <<'PY'
+import importlib.metadata as md
+import platform
+
+import torch
+
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+print(f"python {platform.python_version()}, torch {torch.__version__}, GPU {gpu}")
+for name in ("hydra-core", "omegaconf", "datasets", "bert-score", "transformers", "tokenizers",
+             "sacrebleu", "numpy", "pyarrow", "huggingface-hub", "fsspec", "pytest-xdist"):
+    try:
+        print(f"  {name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"  {name} absent")
+PY
+} 2>&1 | tee "$OUT/env.txt"
+
+step() {  # the command, its output to the console and to $LOG, stopped (SIGTERM) in time to
+  # leave RESERVE seconds before DEADLINE
+  local left=$((DEADLINE - SECONDS - ${RESERVE:-0}))
+  if [ "$left" -le 0 ]; then
+    echo "no time left for: $*" | tee -a "$LOG"
+    return 124
+  fi
+  # its own process group, ended whole afterwards: sweep workers that outlive an interrupted
+  # sweep would otherwise hold the output open until they time out
+  local rc=0
+  setsid timeout --signal=TERM --kill-after=15 "$left" "$@" > >(tee -a "$LOG") 2>&1 &
+  local pid=$!
+  wait "$pid" || rc=$?
+  for _ in 1 2 3 4 5 6 7 8 9 10; do  # stopped ones get 10 s to save their checkpoints
+    kill -0 -- "-$pid" 2>/dev/null || break
+    sleep 1
+  done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  return "$rc"
+}
+
+case "$STEP" in
+  test)
+    args=(-x -q -n "${TEST_WORKERS:-$([ $GPU = 1 ] && echo 8 || echo 2)}" -p no:cacheprovider)
+    if ! "$PYTHON" -c "import mlflow" 2>/dev/null; then  # mlflow-skinny is not carried
+      args+=(--deselect tests/test_run_control.py::test_mlflow_gets_the_settings_and_every_scalar_in_a_local_store)
+    fi
+    step "$PYTHON" -m pytest "${args[@]}" --junitxml="$OUT/junit.xml" "$@"
+    ;;
+  bench)
+    if [ $GPU = 1 ]; then
+      models=(small base)
+      args=(--lengths 64,128 --repeats 5)
+    else
+      models=(tiny)
+      args=(--quick --pe nonepe,rope --no-memory --threads 1)
+    fi
+    for model in "${models[@]}"; do
+      step "$PYTHON" scripts/bench.py --model "$model" "${args[@]}" \
+        --out "$OUT/bench_$model.json" "$@"
+    done
+    ;;
+  seed_report)
+    pes=nonepe,sinpe,rpe,rope,alibi
+    if [ $GPU = 1 ]; then
+      budget=("trainer.max_time=${SEED_MAX_TIME:-360}" hydra.launcher.n_jobs=5)
+    else
+      pes=nonepe,rope
+      budget=(trainer.max_steps=20 trainer.valid_every=10 trainer.warmup_steps=5
+        data.train_size=2000 eval.max_sentences=20 eval.bertscore.model=null
+        hydra.launcher.n_jobs=2 threads=1)
+    fi
+    overrides=(experiment=seed_report "pe=$pes" hydra/launcher=parallel "device=$DEVICE"
+      trainer.progress=false "${budget[@]}" "$@")
+    prepare=(experiment=seed_report)  # the data and tokenizer settings of the runs
+    for o in "${budget[@]}" "$@"; do
+      case "$o" in data.* | tokenizer.* | +data.* | +tokenizer.*) prepare+=("$o") ;; esac
+    done
+    cd "$WORK"
+    # the prepared corpus (mBERT ids) once, before the jobs start
+    step "$PYTHON" -m posenc.data.prepare "${prepare[@]}"
+    RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m "${overrides[@]}" ||
+      echo "the sweep ended with status $?" | tee -a "$LOG"
+    RESERVE=-10 step "$PYTHON" "$ROOT/scripts/report.py" outputs/sweeps/seed_report ||
+      echo "the report ended with status $?" | tee -a "$LOG"
+    tar -czf "$OUT/seed_report.tar.gz" --exclude='*.pt' --exclude=checkpoints \
+      -C outputs/sweeps seed_report
+    cp outputs/sweeps/seed_report/report/report.md "$OUT/seed_report.md" 2>/dev/null || true
+    ;;
+  smoke)
+    run="$WORK/smoke"
+    step "$PYTHON" train.py experiment=smoke "device=$DEVICE" eval.max_sentences=12 \
+      "hydra.run.dir=$run" "$@"
+    cp "$run/metrics.json" "$OUT/smoke_metrics.json"
+    cp "$run/train_summary.json" "$OUT/smoke_train_summary.json"
+    ;;
+esac
+echo "done: $STEP on $DEVICE; results in $OUT" | tee -a "$LOG"
