@@ -157,20 +157,6 @@ def test_zeroed_pairs_are_exactly_unrotated_at_every_position(scaling, site):
     assert not torch.allclose(rq[..., 1:, :8], q[..., 1:, :8] * scale)
 
 
-@pytest.mark.parametrize("proportion", [0.25, 0.75, 1.0])
-def test_scores_depend_only_on_the_relative_position(proportion):
-    """``q_i . k_j`` equals ``q_(i+s) . k_(j+s)`` for every shift ``s``."""
-    encoding = make_prope(16, proportion)
-    q, k = torch.randn(1, 2, 6, 16), torch.randn(1, 2, 6, 16)
-    positions = torch.tensor([0, 1, 2, 5, 9, 20])
-    scores = []
-    for shift in [0, 7, 300]:
-        rq, rk = rotated(encoding, q, k, positions + shift)
-        scores.append(rq @ rk.transpose(-1, -2))
-    torch.testing.assert_close(scores[1], scores[0], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(scores[2], scores[0], atol=1e-4, rtol=1e-4)
-
-
 def test_the_default_leaves_rope_as_it_was(monkeypatch):
     """``rope_proportion: null`` builds the model the YAML built before the setting existed,
     number for number, and stays out of the run identity (run directories keep their names);

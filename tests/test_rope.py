@@ -96,9 +96,12 @@ def test_fast_rotation_equals_the_papers_2x2_rotations_forward_and_backward(head
         torch.testing.assert_close(fast, ref)
 
 
+@pytest.mark.parametrize("proportion", [None, 0.25, 0.75])  # plain RoPE, p-RoPE
 @pytest.mark.parametrize("scaling", ["none", "linear", "ntk", "yarn"])
-def test_scores_depend_only_on_the_relative_position(scaling):
-    encoding = make_rope(16, scaling=scaling, factor=4.0, original_max_len=32)
+def test_scores_depend_only_on_the_relative_position(scaling, proportion):
+    encoding = make_rope(
+        16, scaling=scaling, factor=4.0, original_max_len=32, rope_proportion=proportion
+    )
     q, k = torch.randn(1, 2, 6, 16), torch.randn(1, 2, 6, 16)
     positions = torch.tensor([0, 1, 2, 5, 9, 20])
     scores = []
