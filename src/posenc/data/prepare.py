@@ -124,11 +124,11 @@ def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> d
     spool_dir = Path(tempfile.mkdtemp(prefix=f".{directory.name}.spool.", dir=directory.parent))
     try:
         spool = Spool(spool_dir)
-        read = [0]
         with tqdm(desc="reading", unit=" pairs", disable=not progress) as bar:
-            for source, target in kept_pairs(_counted(training_stream(data), read, bar), clean):
+            stream = _Counted(training_stream(data), bar)
+            for source, target in kept_pairs(stream, clean):
                 spool.add(source, target)
-        read = read[0]
+        read = stream.count
         order = shuffled_order(len(spool), int(data.get("seed", 0)), data.get("train_size"))
         train = spool.corpus(order)
         tokenizing = time.perf_counter()
@@ -172,13 +172,19 @@ def prepared_store(cfg: DictConfig, progress: bool = False) -> Path:
     return directory
 
 
-def _counted(stream: Iterator, count: list[int], bar) -> Iterator:
-    """``stream``, counting its items in ``count[0]`` and on the progress ``bar``."""
-    for item in stream:
-        count[0] += 1
-        if count[0] % 10_000 == 0:
-            bar.update(10_000)
-        yield item
+class _Counted:
+    """A stream that counts its items (``count``) and shows them on a progress ``bar`` (every
+    10,000: a bar update per pair would cost more than reading it)."""
+
+    def __init__(self, stream: Iterator, bar) -> None:
+        self.stream, self.bar, self.count = stream, bar, 0
+
+    def __iter__(self) -> Iterator:
+        for item in self.stream:
+            self.count += 1
+            if self.count % 10_000 == 0:
+                self.bar.update(10_000)
+            yield item
 
 
 def _write_ids(
