@@ -19,6 +19,7 @@ from posenc.config import (
     check_types,
     flatten,
 )
+from posenc.model.encodings import SHARED_SETTINGS
 
 GROUP_FILES = [
     (group, path)
@@ -36,9 +37,10 @@ def test_every_yaml_of_a_group_has_exactly_the_described_keys(group, path):
 
 def test_the_top_level_keys_of_train_yaml_are_described():
     top = OmegaConf.load(ROOT / "configs" / "train.yaml")
-    scalars = {k for k in top if k not in ("defaults", "hydra", "logger")}
+    scalars = {k for k in top if k not in ("defaults", "hydra", "logger", "pe")}
     assert scalars == {f.name for f in fields(RunSettings)}
     assert set(top.logger) == {f.name for f in fields(LoggerConfig)}
+    assert tuple(top.pe) == SHARED_SETTINGS  # what every encoding accepts, under its own keys
 
 
 def test_a_whole_config_is_checked_group_by_group_and_absent_keys_are_tolerated():

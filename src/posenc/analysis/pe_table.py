@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from posenc.analysis.markdown import fill_section
-from posenc.model.encodings import encoding_factory
+from posenc.model.encodings import encoding_class, encoding_factory
 from posenc.model.encodings.base import Site
 
 
@@ -20,9 +20,8 @@ def encodings_table(pe_dir: Path) -> str:
     ]
     for path in sorted(pe_dir.glob("*.yaml")):
         cfg = OmegaConf.to_container(OmegaConf.load(path))
-        factory = encoding_factory(cfg)
-        cls = factory.func
-        encoder = factory(Site.ENCODER, d_model=16, n_heads=2, n_layers=1)
+        cls = encoding_class(cfg["_target_"], cfg["name"])
+        encoder = encoding_factory(cfg)(Site.ENCODER, d_model=16, n_heads=2, n_layers=1)
         cells = [
             f"`{cfg['name']}`",
             f"`{cls.__module__.split('.')[-1]}.{cls.__name__}`",

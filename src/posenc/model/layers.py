@@ -55,7 +55,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, encoding: StackEncoding, index: int) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(
-            config.d_model, config.n_heads, encoding.self_rule(index)
+            config.d_model, config.n_heads, encoding.layer_rule(index)
         )
         self.ffn = FeedForward(config)
         self.attn_block = Residual(config)
@@ -72,10 +72,10 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, encoding: StackEncoding, index: int) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(
-            config.d_model, config.n_heads, encoding.self_rule(index)
+            config.d_model, config.n_heads, encoding.layer_rule(index)
         )
         self.cross_attn = MultiHeadAttention(
-            config.d_model, config.n_heads, encoding.cross_rule(index)
+            config.d_model, config.n_heads, encoding.layer_rule(index, cross=True)
         )
         self.ffn = FeedForward(config)
         self.self_block = Residual(config)

@@ -24,6 +24,7 @@ from posenc.model.encodings.base import (
 )
 
 __all__ = [
+    "SHARED_SETTINGS",
     "AttentionCall",
     "AttentionRule",
     "Site",
@@ -34,6 +35,11 @@ __all__ = [
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
+
+
+#: the ``pe.*`` settings every encoding accepts (defaults in ``configs/train.yaml``), handled here
+#: rather than by the encoding classes
+SHARED_SETTINGS = ("off_layers",)
 
 
 def encoding_class(target: str, name: str = "?") -> type[StackEncoding]:
@@ -53,10 +59,28 @@ def encoding_class(target: str, name: str = "?") -> type[StackEncoding]:
 
 
 def encoding_factory(pe_cfg: Mapping[str, Any]) -> Callable[..., StackEncoding]:
-    """A callable ``(site, d_model, n_heads, n_layers) -> StackEncoding`` for a ``pe`` config."""
+    """A callable ``(site, d_model, n_heads, n_layers) -> StackEncoding`` for a ``pe`` config.
+
+    The settings every encoding accepts are taken out of the class's arguments: ``off_layers``
+    (layers whose attention is plain, :meth:`StackEncoding.switch_off`; null or absent: none).
+    """
     params = dict(pe_cfg)
     name = params.pop("name", "?")
     target = params.pop("_target_", None)
+    shared = {key: params.pop(key, None) for key in SHARED_SETTINGS}
+    off_layers = shared["off_layers"]
     if target is None:
         raise ValueError(f"pe={name}: its config has no _target_ naming the encoding class")
-    return functools.partial(encoding_class(target, name), **params)
+    build = functools.partial(encoding_class(target, name), **params)
+    if off_layers is None:
+        return build
+    return functools.partial(_switched_off, build, list(off_layers), name)
+
+
+def _switched_off(
+    build: Callable[..., StackEncoding], off_layers: list[int], name: str, *args: Any, **kwargs: Any
+) -> StackEncoding:
+    """``build(*args, **kwargs)`` with plain attention on ``off_layers``."""
+    encoding = build(*args, **kwargs)
+    encoding.switch_off(off_layers, name)
+    return encoding

@@ -19,6 +19,7 @@ Shapes: ``B`` batch, ``H`` heads, ``L``/``Lq``/``Lk`` lengths, ``D`` head dim, `
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
@@ -239,6 +240,47 @@ class StackEncoding(EncodingModule):
         self.d_model = d_model
         self.n_heads = n_heads
         self.n_layers = n_layers
+        self.off_layers: frozenset[int] = frozenset()
+        """Layers (0-based, in this stack) whose attention is plain: the encoding switched off
+        there (``pe.off_layers``, e.g. RoPE/NoPE interleaving); see :meth:`switch_off`."""
+
+    @property
+    def acts_in_attention(self) -> bool:
+        """Whether this encoding gives its layers their own attention rules (False for those
+        that only add positions to the stack input)."""
+        return type(self).self_rule is not StackEncoding.self_rule
+
+    def switch_off(self, layers: Iterable[int], name: str = "?") -> None:
+        """Make the attention of ``layers`` plain (self- and cross-attention); call before the
+        stack builds its layers. An input-level part (:meth:`embed`) stays on.
+
+        Raises:
+            ValueError: a layer is not an int of this stack, or the encoding has no
+                attention rules to switch off (one line).
+        """
+        layers = list(layers)
+        if not self.acts_in_attention:
+            raise ValueError(
+                f"pe={name}: pe.off_layers={layers} has nothing to switch off: this encoding adds "
+                "positions to the stack input, not per layer; use it with an encoding that acts "
+                "in attention (the README's table says where each acts)"
+            )
+        for layer in layers:
+            if isinstance(layer, bool) or not isinstance(layer, int):
+                raise ValueError(f"pe.off_layers={layers}: {layer!r} is not a layer index (int)")
+            if not 0 <= layer < self.n_layers:
+                raise ValueError(
+                    f"pe.off_layers={layers}: the {self.site.value} has {self.n_layers} layers "
+                    f"(0 to {self.n_layers - 1}), so layer {layer} does not exist"
+                )
+        self.off_layers = frozenset(layers)
+
+    def layer_rule(self, layer: int, cross: bool = False) -> AttentionRule:
+        """The rule layer ``layer`` attends with: :meth:`self_rule` (or :meth:`cross_rule`),
+        plain attention on the layers of :attr:`off_layers`."""
+        if layer in self.off_layers:
+            return AttentionRule()
+        return self.cross_rule(layer) if cross else self.self_rule(layer)
 
     @property
     def causal(self) -> bool:
