@@ -13,10 +13,12 @@ from posenc.model.encodings.base import Site
 
 def encodings_table(pe_dir: Path) -> str:
     """Markdown: one row per ``configs/pe/*.yaml`` with where it acts, its encoder form (with
-    the config's settings) and whether the encoder sees the source's word order."""
+    the config's settings), whether the encoder sees the source's word order and the
+    ``pe.augment`` modes it accepts."""
     rows = [
-        "| `pe=` | class | where it acts | encoder (bidirectional) form | source order |",
-        "|---|---|---|---|---|",
+        "| `pe=` | class | where it acts | encoder (bidirectional) form | source order "
+        "| `pe.augment` |",
+        "|---|---|---|---|---|---|",
     ]
     for path in sorted(pe_dir.glob("*.yaml")):
         cfg = OmegaConf.to_container(OmegaConf.load(path))
@@ -28,6 +30,7 @@ def encodings_table(pe_dir: Path) -> str:
             encoder.applies_to,
             encoder.encoder_form,
             "yes" if encoder.sees_source_order else "**no** (a source and its reversal match)",
+            ", ".join(sorted(cls.augment_modes)) or "-",
         ]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)

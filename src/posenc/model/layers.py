@@ -147,7 +147,7 @@ class Encoder(Stack):
         src_key_padding_mask: Tensor | None = None,
     ) -> Tensor:
         """Encode embedded ``src (B, L, d)``; ``src_key_padding_mask (B, L)`` True at padding."""
-        positions = torch.arange(src.shape[1], device=src.device)
+        positions = self.encoding.positions(src.shape[1], src.device)
         x = self.dropout(self.encoding.embed(src, positions))
         call = AttentionCall(
             q_pos=positions,
@@ -178,12 +178,15 @@ class Decoder(Stack):
 
         Self-attention is always causal, so target padding (which only follows real tokens)
         needs no mask. With ``cache``, ``tgt`` holds only the new tokens, which continue at
-        position ``cache.length``; the cache is extended in place. Returns ``(B, Lt, d)``.
+        position ``cache.length``; the cache is extended in place. Without one, positions come
+        from :meth:`StackEncoding.positions` (augmented in training). Returns ``(B, Lt, d)``.
         """
-        offset = cache.length if cache is not None else 0
         length = tgt.shape[1]
-        q_pos = torch.arange(offset, offset + length, device=tgt.device)
-        k_pos = torch.arange(offset + length, device=tgt.device)
+        if cache is None:
+            q_pos = k_pos = self.encoding.positions(length, tgt.device)
+        else:
+            q_pos = torch.arange(cache.length, cache.length + length, device=tgt.device)
+            k_pos = torch.arange(cache.length + length, device=tgt.device)
         src_pos = torch.arange(memory.shape[1], device=tgt.device)
         dropout_p = self.attn_dropout if self.training else 0.0
         self_call = AttentionCall(

@@ -22,6 +22,7 @@ from posenc.model.encodings.base import (
     Site,
     StackEncoding,
 )
+from posenc.model.positions import PositionAugmentation
 
 __all__ = [
     "SHARED_SETTINGS",
@@ -39,7 +40,7 @@ for _module in pkgutil.iter_modules(__path__):
 
 #: the ``pe.*`` settings every encoding accepts (defaults in ``configs/train.yaml``), handled here
 #: rather than by the encoding classes
-SHARED_SETTINGS = ("off_layers",)
+SHARED_SETTINGS = ("off_layers", "augment", "augment_range")
 
 
 def encoding_class(target: str, name: str = "?") -> type[StackEncoding]:
@@ -61,26 +62,37 @@ def encoding_class(target: str, name: str = "?") -> type[StackEncoding]:
 def encoding_factory(pe_cfg: Mapping[str, Any]) -> Callable[..., StackEncoding]:
     """A callable ``(site, d_model, n_heads, n_layers) -> StackEncoding`` for a ``pe`` config.
 
-    The settings every encoding accepts are taken out of the class's arguments: ``off_layers``
-    (layers whose attention is plain, :meth:`StackEncoding.switch_off`; null or absent: none).
+    The settings every encoding accepts (:data:`SHARED_SETTINGS`) are taken out of the class's
+    arguments: ``off_layers`` (layers whose attention is plain, :meth:`StackEncoding.switch_off`)
+    and ``augment``/``augment_range`` (training positions, :mod:`posenc.model.positions`); null
+    or absent: off.
     """
     params = dict(pe_cfg)
     name = params.pop("name", "?")
     target = params.pop("_target_", None)
     shared = {key: params.pop(key, None) for key in SHARED_SETTINGS}
-    off_layers = shared["off_layers"]
     if target is None:
         raise ValueError(f"pe={name}: its config has no _target_ naming the encoding class")
     build = functools.partial(encoding_class(target, name), **params)
-    if off_layers is None:
+    off_layers = shared["off_layers"]
+    augmentation = PositionAugmentation.of(shared["augment"], shared["augment_range"])
+    if off_layers is None and augmentation is None:
         return build
-    return functools.partial(_switched_off, build, list(off_layers), name)
+    return functools.partial(_with_shared_settings, build, off_layers, augmentation, name)
 
 
-def _switched_off(
-    build: Callable[..., StackEncoding], off_layers: list[int], name: str, *args: Any, **kwargs: Any
+def _with_shared_settings(
+    build: Callable[..., StackEncoding],
+    off_layers: list[int] | None,
+    augmentation: PositionAugmentation | None,
+    name: str,
+    *args: Any,
+    **kwargs: Any,
 ) -> StackEncoding:
-    """``build(*args, **kwargs)`` with plain attention on ``off_layers``."""
+    """``build(*args, **kwargs)`` with plain attention on ``off_layers`` and training positions
+    drawn by ``augmentation``."""
     encoding = build(*args, **kwargs)
-    encoding.switch_off(off_layers, name)
+    if off_layers is not None:
+        encoding.switch_off(list(off_layers), name)
+    encoding.augment(augmentation, name)
     return encoding

@@ -25,6 +25,7 @@ class SinusoidalEncoding(StackEncoding):
     applies_to = "encoder and decoder inputs"
     encoder_form = "same table as the decoder"
     speed_target = 1.10
+    augment_modes = frozenset({"shift", "random", "scale"})
 
     def __init__(
         self, site: Site, d_model: int, n_heads: int, n_layers: int, base: float = 10000.0
@@ -47,6 +48,7 @@ class LearnedEncoding(StackEncoding):
     applies_to = "encoder and decoder inputs"
     encoder_form = "its own table per stack"
     speed_target = 1.10
+    augment_modes = frozenset({"shift", "random"})
 
     def __init__(
         self,

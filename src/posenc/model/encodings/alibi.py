@@ -78,6 +78,7 @@ class ALiBiEncoding(DistanceBiasEncoding):
     """
 
     speed_target = 1.10
+    augment_modes = frozenset({"random", "scale"})
 
     def __init__(
         self,

@@ -22,11 +22,14 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from posenc.model.positions import PositionAugmentation
 
 
 class Site(str, Enum):  # noqa: UP042  (StrEnum would change str(Site.ENCODER))
@@ -221,6 +224,12 @@ class StackEncoding(EncodingModule):
     """Training step at length 128 as a ratio to the reference encoding's, at most; checked by
     ``scripts/bench.py`` (None: no target, as for the reference itself)."""
 
+    augment_modes: ClassVar[frozenset[str]] = frozenset()
+    """The ``pe.augment`` modes (:mod:`posenc.model.positions`) that change what this encoding
+    computes: ``shift`` for absolute positions, ``random`` for any that reads position indices
+    (distances included), ``scale`` for those that take real-valued positions. Empty: it reads
+    no position indices (or, for relative ones, none of the modes would change it)."""
+
     option_forms: ClassVar[tuple[dict[str, Any], ...]] = ()
     """The forms a config may choose between that the generic suite
     (``tests/test_every_encoding.py``) runs besides the config's own: each a dict of overrides
@@ -243,6 +252,31 @@ class StackEncoding(EncodingModule):
         self.off_layers: frozenset[int] = frozenset()
         """Layers (0-based, in this stack) whose attention is plain: the encoding switched off
         there (``pe.off_layers``, e.g. RoPE/NoPE interleaving); see :meth:`switch_off`."""
+        self.augmentation: PositionAugmentation | None = None
+        """Training-time positions (``pe.augment``); see :meth:`augment`."""
+
+    def augment(self, augmentation: PositionAugmentation | None, name: str = "?") -> None:
+        """Draw this stack's positions with ``augmentation`` in training (None: never).
+
+        Raises:
+            ValueError: the mode changes nothing this encoding computes (one line naming the
+                modes it accepts).
+        """
+        if augmentation is not None and augmentation.mode not in self.augment_modes:
+            accepted = ", ".join(sorted(self.augment_modes)) or "none"
+            raise ValueError(
+                f"pe={name}: pe.augment={augmentation.mode} would change nothing it computes "
+                f"(modes it accepts: {accepted}); the README's encodings table says which "
+                "encoding accepts which"
+            )
+        self.augmentation = augmentation
+
+    def positions(self, length: int, device: torch.device) -> Tensor:
+        """The positions ``(length,)`` of a stack call that starts at 0: ``arange(length)``, or
+        drawn by :attr:`augmentation` while training."""
+        if self.training and self.augmentation is not None:
+            return self.augmentation(length, device)
+        return torch.arange(length, device=device)
 
     @property
     def acts_in_attention(self) -> bool:

@@ -187,6 +187,7 @@ class DeBERTaEncoding(StackEncoding):
 
     applies_to = "encoder and decoder self-attention (c2c + c2p + p2c); plain cross-attention"
     speed_target = 1.35
+    augment_modes = frozenset({"random"})
     P2C_DISTANCES = ("j-i", "i-j")
     option_forms = ({"position_buckets": 256}, {"p2c_distance": "i-j"})
 

@@ -202,6 +202,7 @@ class FireEncoding(StackEncoding):
         "before, a second MLP g(psi(j-i)/psi(max(L,j))) for keys after"
     )
     speed_target = 1.35
+    augment_modes = frozenset({"random", "scale"})
 
     def __init__(
         self,

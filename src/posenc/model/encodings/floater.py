@@ -182,6 +182,7 @@ class FloaterEncoding(StackEncoding):
     )
     encoder_form = "same as the decoder (absolute positions)"
     speed_target = 2.0
+    augment_modes = frozenset({"shift", "random"})
 
     def __init__(
         self,

@@ -56,6 +56,7 @@ class KerpleEncoding(DistanceBiasEncoding):
     """
 
     speed_target = 1.35
+    augment_modes = frozenset({"random", "scale"})
 
     def __init__(
         self,

@@ -125,6 +125,7 @@ class PolarEncoding(StackEncoding):
     applies_to = "encoder and decoder self-attention (softplus magnitudes, phases from position)"
     encoder_form = "same as the decoder (the phase difference is relative in both directions)"
     speed_target = 1.30
+    augment_modes = frozenset({"random", "scale"})
     option_forms = ({"phase_bias_init": "uniform"},)
 
     def __init__(

@@ -343,6 +343,7 @@ class RotaryEncoding(_RotaryStack):
     applies_to = "encoder and decoder self-attention (q, k rotated); cross-attention plain"
     encoder_form = "same rotation as the decoder (RoPE is bidirectional by construction)"
     speed_target = 1.10
+    augment_modes = frozenset({"random", "scale"})
     option_forms = ({"rope_proportion": 0.75},)
 
     def __init__(
@@ -435,6 +436,7 @@ class XPosEncoding(_RotaryStack):
     applies_to = "encoder and decoder self-attention (q, k rotated and scaled); cross plain"
     encoder_form = "plain RoPE: the decay zeta^((m-n)/B) only decays for keys before the query"
     speed_target = 1.10
+    augment_modes = frozenset({"random", "scale"})
 
     def __init__(
         self,

@@ -112,6 +112,7 @@ class ShawEncoding(StackEncoding):
     applies_to = "encoder and decoder self-attention (a^K, a^V per layer); not cross-attention"
     encoder_form = "the paper's: distances clip(j - i, -k, k), both directions"
     speed_target = 1.35
+    augment_modes = frozenset({"random"})
 
     def __init__(
         self,

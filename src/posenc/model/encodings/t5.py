@@ -45,6 +45,7 @@ class T5Encoding(StackEncoding):
     applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
     encoder_form = "bidirectional buckets (half for each side); decoder: causal buckets"
     speed_target = 1.35
+    augment_modes = frozenset({"random"})
 
     def __init__(
         self,

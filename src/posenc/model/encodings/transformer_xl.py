@@ -121,6 +121,7 @@ class TransformerXLEncoding(StackEncoding):
     applies_to = "encoder and decoder self-attention (terms a+b+c+d); plain cross-attention"
     encoder_form = "the same terms at signed distances i-j in [-(L-1), L-1] (as XLNet)"
     speed_target = 1.35
+    augment_modes = frozenset({"random"})
 
     def __init__(
         self,

@@ -105,6 +105,7 @@ class TupeEncoding(StackEncoding):
         "encoder and decoder self-attention (untied positional term); plain cross-attention"
     )
     speed_target = 1.35
+    augment_modes = frozenset({"shift", "random"})
 
     def __init__(
         self,
