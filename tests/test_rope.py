@@ -13,8 +13,9 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 import posenc.model.encodings.rotary as rotary
-from posenc.model.encodings.base import AttentionRule, Site
-from posenc.model.encodings.rotary import RotaryEncoding, RotaryRule
+from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
+from posenc.model.encodings.rotary import CrossRotaryRule, RotaryEncoding, RotaryRule
+from posenc.model.positions import PositionAugmentation
 
 
 def make_rope(head_dim: int = 8, n_heads: int = 2, **params) -> RotaryEncoding:
@@ -162,6 +163,8 @@ def test_linear_scaling_is_position_interpolation():
         ({"rotary_fraction": 0.0}, "rotary_fraction"),
         ({"scaling": "dynamic"}, "scaling"),
         ({"scaling": "linear", "factor": 0.5}, "factor"),
+        ({"cross_attention": "both"}, "cross_attention"),
+        ({"cross_attention": "rotated", "scaling": "dynamic_ntk"}, "dynamic_ntk"),
     ],
 )
 def test_invalid_settings_fail_at_construction(params, message):
@@ -272,3 +275,53 @@ def test_the_yaml_holds_the_papers_defaults():
     cfg = pe_config("rope")
     assert cfg["base"] == 10000.0 and cfg["rotary_fraction"] == 1.0
     assert cfg["scaling"] == "none"
+
+
+def cross_weights(rule: CrossRotaryRule, q, k, q_pos, k_pos):
+    return rule.weights(q, k, None, AttentionCall(q_pos, k_pos, causal=False))
+
+
+@pytest.mark.parametrize("scaling", ["none", "yarn"])
+def test_rotated_cross_attention_rotates_queries_at_target_and_keys_at_source_positions(scaling):
+    """x-transformers' ``context_pos``: the paper's rotation of q at each target position and of
+    k at each source position, then plain softmax attention (values untouched)."""
+    encoding = make_rope(8, cross_attention="rotated", scaling=scaling, factor=2.0).double()
+    rule = encoding.cross_rule(0)
+    q = torch.randn(2, 2, 4, 8, dtype=torch.float64)
+    k, v = (
+        torch.randn(2, 2, 6, 8, dtype=torch.float64),
+        torch.randn(2, 2, 6, 8, dtype=torch.float64),
+    )
+    q_pos, k_pos = torch.tensor([0, 1, 2, 7]), torch.arange(6)
+    theta, factor = encoding.inv_freq.double(), encoding.attention_factor
+    rq, rk = paper_rotate(q, q_pos, theta, factor), paper_rotate(k, k_pos, theta, factor)
+    expected = torch.softmax(rq @ rk.transpose(-1, -2) / math.sqrt(8), dim=-1)
+    torch.testing.assert_close(cross_weights(rule, q, k, q_pos, k_pos), expected)
+    call = AttentionCall(q_pos, k_pos, causal=False)
+    torch.testing.assert_close(rule(q, k, v, None, call), expected @ v)
+
+
+def test_rotated_cross_attention_depends_on_target_minus_source_position():
+    rule = make_rope(8, cross_attention="rotated").cross_rule(0)
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
+    q_pos, k_pos = torch.tensor([0, 1, 2]), torch.arange(5)
+    base = cross_weights(rule, q, k, q_pos, k_pos)
+    shifted = cross_weights(rule, q, k, q_pos + 40, k_pos + 40)
+    torch.testing.assert_close(shifted, base, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(cross_weights(rule, q, k, q_pos + 3, k_pos), base, atol=1e-3)
+
+
+def test_cross_attention_is_plain_by_default_and_rotated_on_request():
+    for layer in tiny_model("rope").decoder.layers:
+        assert type(layer.cross_attn.rule) is AttentionRule
+    model = tiny_model("rope", cross_attention="rotated")
+    for layer in model.decoder.layers:
+        assert isinstance(layer.cross_attn.rule, CrossRotaryRule)
+    assert "cross-attention (q at target" in model.decoder.encoding.applies_to
+
+
+def test_rotated_cross_attention_refuses_position_augmentation_in_one_line():
+    encoding = make_rope(8, cross_attention="rotated")
+    with pytest.raises(ValueError, match="true source positions") as error:
+        encoding.augment(PositionAugmentation.of("random", 64), "rope")
+    assert "\n" not in str(error.value)

@@ -60,8 +60,11 @@ which the learned q/k projections absorb (the tests check the equivalence number
 The remaining ``D - r`` dims pass through unrotated. p-RoPE keeps ``r = D`` and zeroes the last
 pairs' frequencies instead.
 
-Where it applies: encoder and decoder self-attention. Cross-attention stays plain: source and
-target positions do not lie on one axis. Keys are rotated once, at their own position, before
+Where it applies: encoder and decoder self-attention. Cross-attention stays plain by default:
+source and target positions do not lie on one axis. ``cross_attention=rotated`` rotates it too,
+queries at their target and keys at their source positions (x-transformers' ``context_pos``).
+xPos has no such option: its key factor grows for sources past the query's position, the
+reason its encoder form is plain RoPE. Keys are rotated once, at their own position, before
 they enter the decoder's key/value cache (:meth:`AttentionRule.prepare`; dynamic NTK's encoder
 rotates at attention time, see above); attention itself is plain SDPA. The rotation table
 ``e^(i m theta)`` (cos/sin) is computed once per forward in ``context`` for the positions of the
@@ -72,13 +75,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from posenc.model.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
 
+if TYPE_CHECKING:
+    from posenc.model.positions import PositionAugmentation
+
 SCALINGS = ("none", "linear", "ntk", "yarn", "dynamic_ntk")
+CROSS_ATTENTION = ("plain", "rotated")
 YARN_BETA_FAST = 32.0
 YARN_BETA_SLOW = 1.0
 
@@ -312,6 +320,39 @@ class DynamicNTKEncoderRule(AttentionRule):
         return super().forward(*self.rotated(q, k, call), v, key_state, call)
 
 
+class CrossRotaryRule(AttentionRule):
+    """Cross-attention with RoPE at both sides' own positions (x-transformers' ``context_pos``):
+    queries rotated at their target positions ``call.q_pos``, memory keys at their source
+    positions ``call.k_pos``, so ``q_t . k_s`` depends on ``t - s``. Keys are rotated at
+    attention time (the cross-attention cache holds the memory's keys as projected).
+
+    Args:
+        inv_freq: ``theta (r/2,)``.
+        attention_factor: multiplies cos and sin (YaRN's temperature; 1 otherwise).
+    """
+
+    def __init__(self, inv_freq: Tensor, attention_factor: float = 1.0) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_factor = attention_factor
+
+    def rotated(self, q: Tensor, k: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor]:
+        """``q (B, H, Lq, D)`` and ``k (B, H, Lk, D)`` rotated at their own positions."""
+        q_table = rotation_table(call.q_pos, self.inv_freq, self.attention_factor)
+        k_table = rotation_table(call.k_pos, self.inv_freq, self.attention_factor)
+        return rotate(q, q_table), rotate(k, k_table)
+
+    def weights(
+        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> Tensor:
+        return super().weights(*self.rotated(q, k, call), key_state, call)
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> Tensor:
+        return super().forward(*self.rotated(q, k, call), v, key_state, call)
+
+
 class _RotaryStack(StackEncoding):
     """Shared machinery: one :class:`RotaryRule` per layer for self-attention, plain
     cross-attention, tables computed in :meth:`context`."""
@@ -338,13 +379,15 @@ class RotaryEncoding(_RotaryStack):
         rope_proportion: p-RoPE's fraction ``p`` of frequencies kept: the ``floor(p D / 2)``
             highest of the whole head, the lower ones set to 0 (those pairs are not rotated);
             ``None`` (the default) is plain RoPE. Needs ``rotary_fraction = 1``.
+        cross_attention: ``plain`` (or ``None``, the default: source and target positions share
+            no axis) or ``rotated`` (:class:`CrossRotaryRule`, x-transformers' ``context_pos``).
     """
 
     applies_to = "encoder and decoder self-attention (q, k rotated); cross-attention plain"
     encoder_form = "same rotation as the decoder (RoPE is bidirectional by construction)"
     speed_target = 1.10
     augment_modes = frozenset({"random", "scale"})
-    option_forms = ({"rope_proportion": 0.75},)
+    option_forms = ({"rope_proportion": 0.75}, {"cross_attention": "rotated"})
 
     def __init__(
         self,
@@ -358,8 +401,19 @@ class RotaryEncoding(_RotaryStack):
         factor: float = 1.0,
         original_max_len: int = 256,
         rope_proportion: float | None = None,
+        cross_attention: str | None = None,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
+        if cross_attention is not None and cross_attention not in CROSS_ATTENTION:
+            raise ValueError(
+                f"rope: cross_attention={cross_attention!r} is unknown; "
+                f"use one of {CROSS_ATTENTION} (null: plain)"
+            )
+        if cross_attention == "rotated" and scaling == "dynamic_ntk":
+            raise ValueError(
+                "rope: cross_attention=rotated with scaling=dynamic_ntk: the bases of a source's "
+                "and a target's lengths differ; use another scaling or cross_attention=plain"
+            )
         if scaling not in SCALINGS:
             raise ValueError(f"rope: scaling={scaling!r} is unknown; use one of {SCALINGS}")
         dim = rotary_dim(d_model // n_heads, rotary_fraction)
@@ -385,9 +439,31 @@ class RotaryEncoding(_RotaryStack):
         self.dynamic = scaling == "dynamic_ntk"
         self.factor = factor
         self.original_max_len = original_max_len
+        self.cross_rotated = cross_attention == "rotated"
+        if self.cross_rotated:
+            self.applies_to = (
+                "encoder and decoder self-attention and cross-attention (q at target, k at "
+                "source positions)"
+            )
 
     def self_rule(self, layer: int) -> AttentionRule:
         return DynamicNTKEncoderRule() if self.dynamic and not self.causal else RotaryRule()
+
+    def cross_rule(self, layer: int) -> AttentionRule:
+        if self.cross_rotated:
+            return CrossRotaryRule(self.inv_freq, self.attention_factor)
+        return AttentionRule()
+
+    def augment(self, augmentation: PositionAugmentation | None, name: str = "?") -> None:
+        """As :meth:`StackEncoding.augment`; refused with rotated cross-attention, whose source
+        positions are the encoder's true ones."""
+        if augmentation is not None and self.cross_rotated:
+            raise ValueError(
+                f"pe={name}: pe.augment={augmentation.mode} with pe.cross_attention=rotated: "
+                "cross-attention would see augmented target but true source positions; "
+                "use one or the other"
+            )
+        super().augment(augmentation, name)
 
     def context(self, q_pos: Tensor, k_pos: Tensor) -> RotaryTables | DynamicNTKTables:
         """The ``(Lq, r/2)`` table of the call's new tokens (keys share the queries' positions);
