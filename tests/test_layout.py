@@ -10,20 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import PE_NAMES, ROOT
 
+from posenc.analysis.readme_sections import PHASES  # the phases in data-flow order
+
 SRC = ROOT / "src" / "posenc"
-#: the phases in data-flow order; ``translate`` is a command over a trained run; ``job`` ties
-#: training and evaluation together
-PHASES = (
-    "config",
-    "runtime",
-    "data",
-    "model",
-    "training",
-    "evaluation",
-    "translate",
-    "analysis",
-    "job",
-)
 MAX_LINES = 500
 MODULES = sorted(p for p in SRC.rglob("*.py"))
 

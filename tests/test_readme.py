@@ -1,14 +1,28 @@
-"""The README stays true: its encodings table is the one the code generates."""
+"""The README stays true: its encodings table and its map of the source tree are the ones the
+code generates."""
 
+import re
+
+import pytest
 from conftest import ROOT
 
-from posenc.analysis.pe_table import encodings_table, with_table
+from posenc.analysis.readme_sections import (
+    MAX_SUMMARY,
+    PHASES,
+    encodings_table,
+    layout_tree,
+    summary,
+    with_generated_sections,
+)
+
+SRC = ROOT / "src" / "posenc"
 
 
-def test_the_readme_encodings_table_matches_the_code():
+def test_the_readme_sections_match_the_code():
     readme = (ROOT / "README.md").read_text()
-    expected = with_table(readme, encodings_table(ROOT / "configs" / "pe"))
-    assert readme == expected, "run: python scripts/pe_table.py --write"
+    assert readme == with_generated_sections(readme, ROOT), (
+        "run: python scripts/readme_sections.py --write"
+    )
 
 
 def test_every_encoding_states_where_it_acts():
@@ -17,3 +31,24 @@ def test_every_encoding_states_where_it_acts():
     for line in table.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split(" | ")]
         assert cells[2] and cells[3], line
+
+
+@pytest.mark.parametrize("path", sorted(SRC.rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
+def test_every_module_opens_with_a_short_summary_for_the_map(path):
+    """The map shows each module's first sentence: it exists and fits two lines."""
+    text = summary(path)
+    assert text and len(text) <= MAX_SUMMARY, f"{path}: first sentence of {len(text)} chars"
+
+
+def test_the_map_lists_every_module_in_its_own_package():
+    tree = layout_tree(ROOT)
+    for path in SRC.rglob("*.py"):
+        if path.name != "__init__.py":
+            assert f" {path.name} " in tree or tree.count(f" {path.name}\n")
+    lines = tree.splitlines()
+    translate = next(i for i, line in enumerate(lines) if line.startswith("  translate.py"))
+    evaluation = next(i for i, line in enumerate(lines) if line.startswith("  evaluation/"))
+    assert evaluation < translate  # a top-level module, after the package it follows
+    tops = [line.split()[0] for line in lines if re.match(r"  \S", line)]
+    names = [top.removesuffix("/").removesuffix(".py") for top in tops]
+    assert names == list(PHASES)  # every phase, in data-flow order

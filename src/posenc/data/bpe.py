@@ -1,4 +1,4 @@
-"""The joint byte-level BPE of ``tokenizer=bpe``, trained with ``tokenizers`` on both sides of
+"""The joint byte-level BPE of ``tokenizer=bpe``. It is trained with ``tokenizers`` on both sides of
 the training split (or on its first ``train_sentences`` pairs, a seeded sample since the split is
 shuffled), cached under a hash of the text and the settings.
 

@@ -1,5 +1,5 @@
-"""Corpora (a built-in toy task, local text files, or WMT14 from the Hugging Face hub), cleaning
-of training pairs, token-bucketed batches and padding.
+"""The corpora and their splits: a built-in toy task, local text files, or WMT14 from the
+Hugging Face hub; cleaning of training pairs, token-bucketed batches and padding.
 
 Data flows one way: ``load_corpora(cfg.data)`` returns the splits as plain sentence lists; the
 tokenizer turns them into ids; :class:`TokenBatcher` groups example indices into batches under a

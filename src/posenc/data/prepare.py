@@ -1,4 +1,4 @@
-"""Preparing the training corpus as a store (:mod:`posenc.data.store`), streamed so that memory
+"""Preparing the training corpus as a store (:mod:`posenc.data.store`), streamed. Memory
 does not grow with the corpus beyond 8 bytes a pair: the training pairs are read one at a time,
 cleaned (dedup by 64-bit digests) and spooled to text files on disk; their order is shuffled
 with ``data.seed``; the tokenizer is built from the spool (a BPE on its first

@@ -9,13 +9,12 @@ The BPE is trained in :mod:`posenc.data.bpe` (its design is described there).
 
 mBERT design (``training_types_only``, on by default): of the 119,547 WordPiece types, only the
 special tokens and the types that occur in the training split (either side; the vocabulary is
-joint) are given to the model, as compact ids ``0 .. n_kept-1`` in WordPiece-id order. The
-output layer and the embedding are most of a small model with the full vocabulary (a training
-step costs 4.4x an 8k-BPE step), and the rows of types that never occur in training are never
-trained towards anything, so they are not paid for. Text is tokenised by WordPiece exactly as
-before and then mapped to compact ids; a type absent from the training split (it can occur in a
-test set) becomes ``[UNK]``, and decoding maps compact ids back and detokenises as before.
-"""
+joint) are given to the model, as compact ids ``0 .. n_kept-1`` in WordPiece-id order. The output
+layer and the embedding are most of a small model with the full vocabulary, and the rows of types
+that never occur in training are never trained towards anything, so they are not paid for. Text
+is tokenised by WordPiece exactly as before and then mapped to compact ids; a type absent from
+the training split (it can occur in a test set) becomes ``[UNK]``, and decoding maps compact ids
+back and detokenises as before."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one multi-head attention module of posenc; its :class:`AttentionRule` decides how
+"""The one multi-head attention module of posenc. Its :class:`AttentionRule` decides how
 positions enter (see :mod:`posenc.model.encodings.base`)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Seq2Seq: token embeddings, ``nn.Transformer`` with posenc's stacks (see
-:mod:`posenc.model.transformer`), output head, and batched decoding with a key/value cache:
-greedy here, beam search in :mod:`posenc.model.search`."""
+"""The Seq2Seq model and its batched greedy decoding with a key/value cache. It holds token
+embeddings, ``nn.Transformer`` with posenc's stacks (see :mod:`posenc.model.transformer`) and the
+output head; beam search is in :mod:`posenc.model.search`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The code a run was trained with, recorded in its ``train_summary.json`` (``code``) so that a
-study can show its runs come from one commit: posenc's git commit and whether the work tree
+"""The code a run was trained with, recorded in its ``train_summary.json`` (``code``). A
+study can so show its runs come from one commit: posenc's git commit and whether the work tree
 differed from it (tracked files only), posenc's and torch's versions."""
 
 from __future__ import annotations

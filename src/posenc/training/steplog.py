@@ -1,5 +1,5 @@
-"""What a training run reports every ``trainer.log_every`` steps, to ``train.log`` (through
-:mod:`logging`, so the console's progress bar stays intact) and to TensorBoard: the mean
+"""What a training run reports every ``trainer.log_every`` steps. It goes to ``train.log``
+(through :mod:`logging`, so the console's progress bar stays intact) and to TensorBoard: the mean
 label-smoothed loss and NLL per target token over the steps since the last report (fairseq's
 convention), the perplexity exp(NLL), the gradient norm before clipping, the learning rate and
 the training speed."""

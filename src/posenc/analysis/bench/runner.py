@@ -1,5 +1,6 @@
-"""Every encoding's workload (a seeded model and AdamW), timed interleaved and probed for
-memory, summarised as ratios to the reference encoding with each class's speed target; what is
+"""Every encoding's workload timed interleaved and probed for memory, as ratios to the
+reference encoding. A workload is a seeded model and AdamW; each ratio is checked against its
+class's speed target; what is
 timed and how the timing stays fair is in the package's docstring (:mod:`posenc.analysis.bench`)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Reading a sweep's run directories (config, status, metrics, training summary, curves) and
-grouping the runs into systems: one group per encoding and differing setting, one entry per run
-and split."""
+"""A sweep's run directories read and grouped into systems. Each run's config, status, metrics,
+training summary and curves are read; one group per encoding and differing setting, one entry per
+run and split."""
 
 from __future__ import annotations
 

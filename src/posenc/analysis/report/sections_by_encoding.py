@@ -1,6 +1,7 @@
-"""The report's sections about runs and encodings, one row or line per run or encoding: 1. Runs
-(status, shared setup, differing settings), 2. Learning curves, 6. Cost (against the reference
-encoding) and 7. Attention maps."""
+"""The report's sections about runs and encodings, one row or line per run or encoding.
+
+They are: 1. Runs (status, shared setup, differing settings), 2. Learning curves, 6. Cost
+(against the reference encoding) and 7. Attention maps."""
 
 from __future__ import annotations
 

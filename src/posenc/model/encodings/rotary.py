@@ -1,74 +1,29 @@
 """Rotary encodings: q and k are rotated by position-dependent angles before the dot product.
 
-* ``rope`` — RoFormer (Su et al. 2021). Pair ``i`` of a head's rotated dimensions turns by the
-  angle ``m * theta_i`` at position ``m``, ``theta_i = base^(-2i/r)`` (``r`` rotated dims), so
-  ``q_m . k_n`` depends on the positions only through ``m - n``. Optional context-extension
-  scalings for test inputs longer than training (``scaling``):
+* ``rope`` — RoFormer (Su et al. 2021). Pair ``i`` of a head's rotated dims turns by the angle
+  ``m * theta_i`` at position ``m``, ``theta_i = base^(-2i/r)`` (``r`` rotated dims), so
+  ``q_m . k_n`` depends on the positions only through ``m - n``. Context-extension scalings for
+  test inputs longer than training (``scaling``): ``linear`` (position interpolation), ``ntk``
+  (NTK-aware base), ``yarn`` (YaRN's per-frequency ramp and temperature) and ``dynamic_ntk``
+  (the NTK base following the length); their inverse frequencies equal
+  ``transformers.modeling_rope_utils``'. p-RoPE (``rope_proportion = p``, transformers'
+  ``"proportional"``): the ``floor(p D / 2)`` highest frequencies of the whole head kept, the
+  lower ones set to 0. Dynamic NTK rotates each decoder position ``m`` once, before caching, at
+  the base of the length ``m + 1``, and an encoder source at the base of its own length.
+* ``xpos`` — Sun et al. 2022: RoPE whose pair ``i`` is also scaled by ``zeta_i^(m/scale_base)``
+  on queries and ``zeta_i^(-n/scale_base)`` on keys, ``zeta_i = (i/(r/2) + gamma)/(1 + gamma)``,
+  so it contributes ``zeta_i^((m-n)/scale_base)`` times RoPE's term.
 
-  - ``linear``: position interpolation (Chen et al. 2023), positions divided by ``factor``;
-  - ``ntk``: NTK-aware base ``base * factor^(r / (r - 2))``;
-  - ``yarn``: YaRN (Peng et al. 2023), a per-frequency ramp between interpolation and
-    extrapolation (``beta_fast=32``, ``beta_slow=1``, bounds floored/ceiled as in the authors'
-    code) and the attention temperature ``0.1 ln(factor) + 1`` multiplied into the
-    rotation (cos and sin), so both q and k carry it;
-  - ``dynamic_ntk``: dynamic NTK scaling (bloc97/emozilla; transformers' ``"dynamic"``), the
-    base ``base * (factor * L / L_train - (factor - 1))^(r / (r - 2))`` for a sequence of ``L``
-    tokens longer than ``L_train = original_max_len``, RoPE unchanged for ``L <= L_train``.
-    Named for what it scales, and distinct from ``ntk``: the base follows the length.
+Layout: the rotated dims are the first ``r = rotary_fraction * D`` of each head; pair ``i`` is
+the adjacent pair ``(2i, 2i+1)``, as in the paper; the other ``D - r`` dims pass through.
 
-  The inverse frequencies equal ``transformers.modeling_rope_utils``' ("linear", "yarn", and
-  "dynamic" at every length; static ``ntk`` where "dynamic"'s base equals it).
-
-  p-RoPE (Barbero et al. 2025, "Round and Round We Go!"; transformers' ``"proportional"`` rope
-  type, whose fraction is its ``partial_rotary_factor``), ``rope_proportion = p``: the
-  ``floor(p D / 2)`` highest frequencies ``theta_i = base^(-2i/D)`` of a whole head (``D``
-  dims) are kept and the lower ones set to 0, so their pairs are never rotated (angle 0 at every
-  position; the paper's position-free "semantic" channels). Unlike ``rotary_fraction``, which
-  rotates the first ``r`` dims with frequencies computed over ``r``, the exponent keeps ``D``:
-  the kept frequencies are RoPE's own. The zeroing follows the scaling (transformers'
-  ``factor`` is ``linear``'s), and dynamic NTK's stretch multiplies each frequency, so a zeroed
-  one stays 0; YaRN's temperature still scales every pair.
-
-  Dynamic NTK and the cache: ``L`` grows while decoding. transformers rotates each new token
-  at the base of the length so far and caches it rotated, so its cached decoding differs from
-  recomputing the sequence (huggingface/transformers#25104); caching keys unrotated (the fix
-  proposed there) repairs the first layer only: every later layer's keys and values come from
-  hidden states computed at an older base, and recomputation at the new length changes them
-  all. No cache equals recomputation at the current length; so the decoder here fixes each
-  position's base to the length it completes: position ``m`` is rotated (q and k, once, before
-  caching, as RoPE) at the base of ``L = m + 1``. Teacher forcing, recomputing the prefix and
-  cached decoding in any chunks then agree exactly, at no cost over RoPE; for tokens generated
-  one at a time from BOS it is what transformers' cached generation computes, and past
-  ``L_train`` a score mixes the bases of its query's and key's positions
-  (``m theta(m+1) - n theta(n+1)``). The encoder, which caches nothing, rotates every position
-  of a source at the base of that source's length (its non-padding keys; so, as in transformers
-  for a prompt, scores stay relative, and padding never changes a source's base): its rule
-  rotates at attention time, where the padding mask is known, building the table once per
-  forward (``(B, L, r/2)`` when sources of one batch are past ``L_train`` at different lengths).
-
-* ``xpos`` — A Length-Extrapolatable Transformer (Sun et al. 2022): RoPE whose pair ``i`` is
-  also scaled by ``zeta_i^(m/scale_base)`` on queries and ``zeta_i^(-n/scale_base)`` on keys,
-  ``zeta_i = (i/(r/2) + gamma) / (1 + gamma)``, so the pair's contribution to ``q_m . k_n``
-  decays as ``zeta_i^((m-n)/scale_base)`` with the distance ``m - n >= 0``.
-
-Layout: the rotated dims are the first ``r = rotary_fraction * D`` dims of each head, and pair
-``i`` is the adjacent pair ``(2i, 2i+1)``, as in the paper (and the seed report): the pair is the
-complex number ``x_2i + i x_2i+1`` and turns by multiplication with ``e^(i m theta_i)``, which is
-also the cheapest form on CPU (one complex multiply forward, one backward). transformers' Llama
-pairs ``(i, i + r/2)`` ("rotate half"); the two differ only by a fixed permutation of head dims,
-which the learned q/k projections absorb (the tests check the equivalence number for number).
-The remaining ``D - r`` dims pass through unrotated. p-RoPE keeps ``r = D`` and zeroes the last
-pairs' frequencies instead.
-
-Where it applies: encoder and decoder self-attention. Cross-attention stays plain by default:
-source and target positions do not lie on one axis. ``cross_attention=rotated`` rotates it too,
-queries at their target and keys at their source positions (x-transformers' ``context_pos``).
-xPos has no such option: its key factor grows for sources past the query's position, the
-reason its encoder form is plain RoPE. Keys are rotated once, at their own position, before
-they enter the decoder's key/value cache (:meth:`AttentionRule.prepare`; dynamic NTK's encoder
-rotates at attention time, see above); attention itself is plain SDPA. The rotation table
-``e^(i m theta)`` (cos/sin) is computed once per forward in ``context`` for the positions of the
-call (new keys share the queries' positions) and shared by every layer.
+Where it applies: encoder and decoder self-attention, keys rotated once at their own position
+before the decoder's cache (dynamic NTK's encoder rotates at attention time); the table
+``e^(i m theta)`` is computed once per forward in ``context`` and shared by every layer.
+Cross-attention stays plain unless ``cross_attention=rotated`` (queries at their target, keys at
+their source positions, x-transformers' ``context_pos``). The scalings' formulas, why dynamic
+NTK's cache works as it does, the pair layout against transformers' "rotate half" and why xPos
+has no cross-attention form: ``docs/encodings/rope.md``.
 """
 
 from __future__ import annotations
@@ -495,12 +450,8 @@ class XPosEncoding(_RotaryStack):
     query and a key factor (it would need explicit per-frequency scores and lose SDPA), and
     x-transformers refuses xPos in bidirectional attention for the same reason.
 
-    Positions are taken from a fixed origin (0) rather than the centre of the current sequence
-    as in torchscale/x-transformers: a cached key is scaled once, so its scale must not depend
-    on how long the sequence later grows. Scores only see ``m - n``, so the origin changes the
-    numerical range only: at position ``n`` the largest key factor is
-    ``(gamma/(1+gamma))^(-n/scale_base)``, 12.25 at ``n = 1024`` with the defaults, and float32
-    or bfloat16 overflow only past about 36,000 positions.
+    Positions are taken from a fixed origin (0), not the sequence's centre as in torchscale
+    (``docs/encodings/rope.md`` says why and how far that stays finite).
 
     Args:
         site, d_model, n_heads, n_layers: see :class:`StackEncoding`.
