@@ -40,6 +40,9 @@ is built from the absolute positions, so cached keys need no extra state.
 
 Speed: the bias needs no gradient, so SDPA keeps its fused kernel; it is built once per forward
 in :meth:`ALiBiEncoding.context` and shared by every layer.
+
+DAPE (``dape: true``, :mod:`posenc.model.encodings.common`): each layer adjusts this bias by an
+MLP of its attention scores and the bias, ``S + P + f(S, P)`` (the paper's ALiBi-DAPE).
 """
 
 from __future__ import annotations
@@ -75,6 +78,8 @@ class ALiBiEncoding(DistanceBiasEncoding):
         site, d_model, n_heads, n_layers: see :class:`StackEncoding`.
         encoder_bias: the encoder form, ``split``, ``asymmetric`` or ``symmetric`` (module
             docstring); the decoder always uses the paper's causal bias.
+        dape, dape_hidden: DAPE's MLP on the scores and this bias, one per layer
+            (:class:`~posenc.model.encodings.common.BiasEncoding`; default off).
     """
 
     speed_target = 1.10
@@ -87,8 +92,10 @@ class ALiBiEncoding(DistanceBiasEncoding):
         n_heads: int,
         n_layers: int,
         encoder_bias: str = "split",
+        dape: bool | None = False,
+        dape_hidden: int | None = None,
     ) -> None:
-        super().__init__(site, d_model, n_heads, n_layers, encoder_bias)
+        super().__init__(site, d_model, n_heads, n_layers, encoder_bias, dape, dape_hidden)
         slopes = alibi_slopes(n_heads)
         after = slopes.flip(0) if encoder_bias == "asymmetric" else slopes
         self.register_buffer("slopes", slopes, persistent=False)

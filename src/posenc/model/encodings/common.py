@@ -10,20 +10,45 @@
   DeBERTa);
 * :class:`SharedBias`: the rule that adds a stack's per-forward bias (ALiBi, KERPLE, T5, FIRE
   with ``share_layers``);
+* :class:`BiasEncoding` with :class:`DapeRule`: an encoding that adds a positional bias to the
+  self-attention logits, and DAPE as its option ``dape`` (ALiBi, KERPLE, FIRE, T5);
 * :class:`DistanceBiasEncoding` with :data:`SPLIT_PENALTY`, :func:`side_distances` and
   :func:`split_blocked`: a bias decaying with distance and its encoder forms (ALiBi, KERPLE).
 
-Shapes: ``H`` heads, ``L``/``Lq``/``Lk`` lengths, ``d`` d_model.
+DAPE (Zheng et al., NeurIPS 2024, "DAPE: Data-Adaptive Positional Encoding for Length
+Extrapolation", arXiv 2405.14722; the paper's ``A = QK^T + B + f(QK^T, B)``), ``dape: true``:
+the bias ``P (H, Lq, Lk)`` of a bias encoding is adjusted by the content of each query-key pair::
+
+    logits = S + P + f(S, P),        S = q k^T / sqrt(D)   (B, H, Lq, Lk)
+
+where ``f`` is an MLP applied to every pair ``(b, i, j)`` over the head axis: input the ``2H``
+values ``[S[b, :, i, j] (the H heads' scores), P[:, i, j] (their biases)]``, a hidden layer of
+``dape_hidden`` units (paper: 32) with LeakyReLU (negative slope 0.01), output ``H`` values.
+
+The reference code it was checked against, what it follows and where posenc differs (and why):
+``docs/encodings/dape.md``.
+
+Shapes: ``B`` batch, ``H`` heads, ``L``/``Lq``/``Lk`` lengths, ``D`` head dim, ``d`` d_model.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from posenc.model.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
+from posenc.model.encodings.base import (
+    AttentionCall,
+    AttentionRule,
+    Site,
+    StackEncoding,
+    compute_dtype,
+)
 
 
 def sinusoidal_table(
@@ -121,7 +146,142 @@ class SharedBias(AttentionRule):
         return call.context
 
 
-class DistanceBiasEncoding(StackEncoding):
+class DapeRule(AttentionRule):
+    """A bias rule with DAPE: the bias ``P`` of ``inner`` becomes ``P + f(S, P)`` (module
+    docstring), with this layer's own MLP ``f`` (``2H -> hidden -> H``, LeakyReLU).
+
+    Args:
+        inner: the encoding's rule of this layer; its :meth:`~AttentionRule.bias` gives
+            ``P (1, H, Lq, Lk)``.
+        n_heads: ``H``.
+        hidden: hidden units of ``f`` (paper: 32).
+        blocked: ``(q_pos (Lq,), k_pos (Lk,)) -> (H, Lq, Lk)`` bool, True at the keys a head
+            does not look at (the ``split`` encoder form), or None. There ``f`` reads a bias of
+            0 and adds nothing, so ``P``'s penalty stays a mask.
+    """
+
+    def __init__(
+        self,
+        inner: AttentionRule,
+        n_heads: int,
+        hidden: int,
+        blocked: Callable[[Tensor, Tensor], Tensor] | None = None,
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self.n_heads = n_heads
+        self.blocked = blocked
+        self.masking_bias = inner.masking_bias
+        self.hidden = nn.Linear(2 * n_heads, hidden)
+        self.out = nn.Linear(hidden, n_heads)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for layer in (self.hidden, self.out):
+            layer.reset_parameters()  # nn.Linear's default, as the reference code
+
+    def prepare(
+        self, q: Tensor, k: Tensor, x: Tensor, positions: Tensor, context: Any = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        return self.inner.prepare(q, k, x, positions, context=context)
+
+    def bias(self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor:
+        """``P + f(S, P)`` ``(B, H, Lq, Lk)`` with ``S = q k^T / sqrt(D)`` before any mask, both
+        in the compute dtype of ``q`` (float32 under bf16 autocast)."""
+        bias = self.inner.bias(q, k, key_state, call)
+        blocked = None if self.blocked is None else self.blocked(call.q_pos, call.k_pos)
+        dtype = compute_dtype(q)
+        with torch.autocast(q.device.type, enabled=False):
+            scores = q.to(dtype) @ k.to(dtype).transpose(-1, -2) / math.sqrt(q.shape[-1])
+            bias = bias.to(dtype)
+            return bias + self.adjustment(scores, bias, blocked)
+
+    def adjustment(self, scores: Tensor, bias: Tensor, blocked: Tensor | None = None) -> Tensor:
+        """``f(S, P)`` ``(B, H, Lq, Lk)`` from ``scores (B, H, Lq, Lk)`` and ``bias
+        (1|B, H, Lq, Lk)`` of one dtype, which it is computed in; ``blocked (H, Lq, Lk)``
+        entries read a bias of 0 and get 0."""
+        if blocked is not None:
+            bias = bias.masked_fill(blocked, 0.0)
+        dtype = scores.dtype
+        w_scores, w_bias = self.hidden.weight.to(dtype).split(self.n_heads, dim=1)
+        hidden = (
+            torch.einsum("bhqk,nh->bqkn", scores, w_scores)
+            + torch.einsum("bhqk,nh->bqkn", bias, w_bias)  # once, broadcast over the batch
+            + self.hidden.bias.to(dtype)
+        )
+        out = F.linear(F.leaky_relu(hidden), self.out.weight.to(dtype), self.out.bias.to(dtype))
+        out = out.permute(0, 3, 1, 2)
+        return out if blocked is None else out.masked_fill(blocked, 0.0)
+
+
+DAPE_HIDDEN = 32
+"""Hidden units of DAPE's MLP when ``dape_hidden`` is null: the paper's width."""
+
+
+class BiasEncoding(StackEncoding):
+    """An encoding that adds a positional bias ``P (1, H, Lq, Lk)`` to the self-attention logits
+    through the rule of :meth:`bias_rule` (ALiBi, KERPLE, FIRE, T5), with DAPE as an option.
+
+    Args:
+        site, d_model, n_heads, n_layers: see :class:`StackEncoding`.
+        dape: true adjusts the bias by DAPE's MLP of the scores and the bias, one MLP per layer
+            (:class:`DapeRule`); false or None (the YAMLs' null, which keeps the run identity of
+            runs from before the setting): the encoding alone.
+        dape_hidden: hidden units of that MLP; None: :data:`DAPE_HIDDEN` (the paper's 32).
+
+    Raises:
+        ValueError: ``dape`` is not a boolean or null, ``dape_hidden`` not a positive int or
+            null, or ``dape_hidden`` is set without ``dape`` (one line).
+    """
+
+    option_forms: ClassVar[tuple[dict[str, Any], ...]] = ({"dape": True},)
+
+    def __init__(
+        self,
+        site: Site,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        dape: bool | None = False,
+        dape_hidden: int | None = None,
+    ) -> None:
+        super().__init__(site, d_model, n_heads, n_layers)
+        name = type(self).__name__
+        if dape is not None and not isinstance(dape, bool):
+            raise ValueError(f"{name}: dape={dape!r} is not a boolean; use pe.dape=true or false")
+        if dape_hidden is not None and (
+            isinstance(dape_hidden, bool) or not isinstance(dape_hidden, int) or dape_hidden < 1
+        ):
+            raise ValueError(
+                f"{name}: dape_hidden={dape_hidden!r} must be a positive int (hidden units of "
+                f"DAPE's MLP); set pe.dape_hidden={DAPE_HIDDEN}, the paper's width, or null"
+            )
+        if dape_hidden is not None and not dape:
+            raise ValueError(
+                f"{name}: dape_hidden={dape_hidden} does nothing with dape off; "
+                "set pe.dape=true as well, or leave pe.dape_hidden null"
+            )
+        self.dape = bool(dape)
+        self.dape_hidden = DAPE_HIDDEN if dape_hidden is None else dape_hidden
+
+    def bias_rule(self, layer: int) -> AttentionRule:
+        """The rule that adds this encoding's bias in layer ``layer``, without DAPE."""
+        raise NotImplementedError
+
+    def blocked_keys(self) -> Callable[[Tensor, Tensor], Tensor] | None:
+        """``(q_pos, k_pos) -> (H, Lq, Lk)`` bool, True at the keys a head does not look at
+        (their bias is a mask), or None when every head may look at every key."""
+        return None
+
+    def self_rule(self, layer: int) -> AttentionRule:
+        """:meth:`bias_rule`, wrapped in a :class:`DapeRule` of its own with ``dape``."""
+        rule = self.bias_rule(layer)
+        if not self.dape:
+            return rule
+        return DapeRule(rule, self.n_heads, self.dape_hidden, self.blocked_keys())
+
+
+class DistanceBiasEncoding(BiasEncoding):
     """A bias that decays with the query-key distance (ALiBi, KERPLE), shared by every layer of
     the stack through :class:`SharedBias`, with the encoder forms of ``encoder_bias``.
 
@@ -135,12 +295,22 @@ class DistanceBiasEncoding(StackEncoding):
         "asymmetric": "asymmetric (slopes before/after the query differ)",
         "symmetric": "symmetric in |i-j| (no word order)",
     }
-    option_forms = tuple({"encoder_bias": form} for form in FORMS)
+    option_forms = (
+        *({"encoder_bias": form} for form in FORMS),
+        *BiasEncoding.option_forms,
+    )
 
     def __init__(
-        self, site: Site, d_model: int, n_heads: int, n_layers: int, encoder_bias: str
+        self,
+        site: Site,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        encoder_bias: str,
+        dape: bool | None = False,
+        dape_hidden: int | None = None,
     ) -> None:
-        super().__init__(site, d_model, n_heads, n_layers)
+        super().__init__(site, d_model, n_heads, n_layers, dape, dape_hidden)
         if encoder_bias not in self.FORMS:
             raise ValueError(
                 f"{type(self).__name__}: encoder_bias={encoder_bias!r} is unknown; use one of "
@@ -163,5 +333,10 @@ class DistanceBiasEncoding(StackEncoding):
             bias = bias.masked_fill(split_blocked(self.n_heads, q_pos, k_pos), SPLIT_PENALTY)
         return bias[None]
 
-    def self_rule(self, layer: int) -> AttentionRule:
+    def bias_rule(self, layer: int) -> AttentionRule:
         return self.rule
+
+    def blocked_keys(self) -> Callable[[Tensor, Tensor], Tensor] | None:
+        if self.causal or self.encoder_bias != "split":
+            return None
+        return functools.partial(split_blocked, self.n_heads)

@@ -49,6 +49,10 @@ at 512) that is about ``2 Lk`` MLP inputs and a gather, so the extra work over A
 the ``Lq * Lk`` integer keys (``torch.unique``) per layer. The MLP and the normalisation run in
 float32 (float64 in a float64 model), also under bf16 autocast; the bias, which needs a
 gradient, then makes SDPA use its math kernel, as T5's and KERPLE's do.
+
+DAPE (``dape: true``, :mod:`posenc.model.encodings.common`): each layer adjusts its FIRE bias by
+an MLP of its attention scores and the bias, ``S + P + f(S, P)`` (the paper's FIRE-DAPE; FIRE's
+own MLP keeps its ReLU, where the reference's FIRE-DAPE code switches it to LeakyReLU).
 """
 
 from __future__ import annotations
@@ -63,10 +67,9 @@ from posenc.model.encodings.base import (
     AttentionRule,
     EncodingModule,
     Site,
-    StackEncoding,
     compute_dtype,
 )
-from posenc.model.encodings.common import SharedBias
+from posenc.model.encodings.common import BiasEncoding, SharedBias
 
 
 @dataclass
@@ -185,7 +188,7 @@ class FireRule(AttentionRule):
         return self.function(call.context)
 
 
-class FireEncoding(StackEncoding):
+class FireEncoding(BiasEncoding):
     """FIRE biases in the self-attention of the stack, per layer or shared.
 
     Args:
@@ -194,6 +197,8 @@ class FireEncoding(StackEncoding):
             1e-6).
         share_layers: one FIRE for all layers of the stack (computed once per forward) instead of
             one per layer (the default, the paper's main setting).
+        dape, dape_hidden: DAPE's MLP on the scores and this bias, one per layer
+            (:class:`~posenc.model.encodings.common.BiasEncoding`; default off).
     """
 
     applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
@@ -215,8 +220,10 @@ class FireEncoding(StackEncoding):
         threshold_init: float = 512.0,
         eps: float = 1e-6,
         share_layers: bool = False,
+        dape: bool | None = False,
+        dape_hidden: int | None = None,
     ) -> None:
-        super().__init__(site, d_model, n_heads, n_layers)
+        super().__init__(site, d_model, n_heads, n_layers, dape, dape_hidden)
         self.settings = {
             "n_heads": n_heads,
             "sides": 1 if self.causal else 2,
@@ -234,7 +241,7 @@ class FireEncoding(StackEncoding):
         grid = FireGrid.build(q_pos, k_pos, self.causal)
         return grid if self.shared is None else self.shared(grid)
 
-    def self_rule(self, layer: int) -> AttentionRule:
+    def bias_rule(self, layer: int) -> AttentionRule:
         if self.shared_rule is not None:
             return self.shared_rule
         return FireRule(FireFunction(**self.settings))

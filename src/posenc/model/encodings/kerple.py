@@ -32,6 +32,10 @@ the default, chosen by the comparison in docs/RESULTS.md §4):
 The ``(1, H, Lq, Lk)`` bias is computed once per forward in :meth:`KerpleEncoding.context`;
 gradients from every layer reach ``p`` and ``a`` through it. Incremental decoding builds the
 single query's row from its absolute position ``call.q_pos``.
+
+DAPE (``dape: true``, :mod:`posenc.model.encodings.common`): each layer adjusts this bias by an
+MLP of its attention scores and the bias, ``S + P + f(S, P)``; ``p`` and ``a`` stay one set per
+stack (the paper's KERPLE-DAPE code gives each layer its own).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class KerpleEncoding(DistanceBiasEncoding):
         eps: lower bound enforced on ``p`` and ``a`` by projection (official code: 0.01).
         encoder_bias: the encoder form, ``symmetric``, ``asymmetric`` or ``split`` (module
             docstring); the decoder always uses the paper's causal kernel.
+        dape, dape_hidden: DAPE's MLP on the scores and this bias, one per layer
+            (:class:`~posenc.model.encodings.common.BiasEncoding`; default off).
     """
 
     speed_target = 1.35
@@ -68,8 +74,10 @@ class KerpleEncoding(DistanceBiasEncoding):
         a_init: float = 1.0,
         eps: float = 0.01,
         encoder_bias: str = "split",
+        dape: bool | None = False,
+        dape_hidden: int | None = None,
     ) -> None:
-        super().__init__(site, d_model, n_heads, n_layers, encoder_bias)
+        super().__init__(site, d_model, n_heads, n_layers, encoder_bias, dape, dape_hidden)
         self.p_init = p_init
         self.a_init = a_init
         self.eps = eps

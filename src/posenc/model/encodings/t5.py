@@ -20,6 +20,10 @@ posenc's attention does, for every encoding, so here the bias is added to the sc
 
 Incremental decoding: the single new query sits at ``call.q_pos``; its bias row is gathered from
 the absolute positions, so no extra state is cached.
+
+DAPE (``dape: true``, :mod:`posenc.model.encodings.common`): each layer adjusts this bias by an
+MLP of its attention scores and the bias, ``S + P + f(S, P)``; the table stays one per stack.
+(The DAPE paper's code has no T5 variant; the formula is the same for any bias.)
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc.model.encodings.base import AttentionRule, Site, StackEncoding
-from posenc.model.encodings.common import SharedBias, relative_position_bucket
+from posenc.model.encodings.base import AttentionRule, Site
+from posenc.model.encodings.common import BiasEncoding, SharedBias, relative_position_bucket
 
 
-class T5Encoding(StackEncoding):
+class T5Encoding(BiasEncoding):
     """Bucketed learned relative bias, one ``(num_buckets, H)`` table per stack.
 
     Args:
@@ -40,6 +44,8 @@ class T5Encoding(StackEncoding):
         max_distance: distance from which all positions share the last bucket (T5: 128).
         init_factor: the table is initialised ``N(0, (init_factor * d_model^-0.5)^2)``, as in
             transformers' ``T5PreTrainedModel._init_weights`` (``factor`` there, default 1.0).
+        dape, dape_hidden: DAPE's MLP on the scores and this bias, one per layer
+            (:class:`~posenc.model.encodings.common.BiasEncoding`; default off).
     """
 
     applies_to = "encoder and decoder self-attention (no bias in cross-attention)"
@@ -56,8 +62,10 @@ class T5Encoding(StackEncoding):
         num_buckets: int = 32,
         max_distance: int = 128,
         init_factor: float = 1.0,
+        dape: bool | None = False,
+        dape_hidden: int | None = None,
     ) -> None:
-        super().__init__(site, d_model, n_heads, n_layers)
+        super().__init__(site, d_model, n_heads, n_layers, dape, dape_hidden)
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.init_factor = init_factor
@@ -81,5 +89,5 @@ class T5Encoding(StackEncoding):
         """The bias ``(1, H, Lq, Lk)``: ``bias[0, h, i, j] = table[bucket(k_j - q_i), h]``."""
         return self.table.t()[:, self.buckets(q_pos, k_pos)][None]
 
-    def self_rule(self, layer: int) -> AttentionRule:
+    def bias_rule(self, layer: int) -> AttentionRule:
         return self.rule
