@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 27's study on a 2-core CPU, one stage after another, two single-threaded jobs at a time:
-#   compare    every configs/pe/*.yaml (ALiBi and KERPLE in their default forms) and the
-#              symmetric encoder form of alibi and kerple as a variant; seed 0 for all, then
-#              seed 1, then seed 2 (partial results stay balanced across encodings)
+#   compare    every configs/pe/*.yaml (ALiBi and KERPLE in their default forms), the
+#              symmetric encoder form of alibi and kerple and the VARIANTS below; seed 0 for
+#              all, then seed 1, then seed 2 (partial results stay balanced across encodings)
 #   beam5      a standalone beam-5 evaluation of every finished compare run
-#   extrap     experiment=extrapolation, the same encodings and seeds
+#   extrap     experiment=extrapolation, the same encodings and seeds, EXTRAP_VARIANTS and
+#              RoPE's test-time scalings (ROPE_SCALINGS) on each trained rope run
 #   bench      a quiet benchmark at compare's shape (model=cpu, 1024-token batches), for the
 #              report's benchmark-time axis (nothing else may run meanwhile): outputs/study/
 #   seed_report  the seed report's own setting for nonepe, sinpe, rpe, rope and alibi, seed 0
@@ -28,6 +29,27 @@ BUDGET=${BUDGET:-36000}
 deadline=$(($(date +%s) + BUDGET))
 common=(threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=2 trainer.progress=false logger.csv=true)
 
+# compare's options worth comparing (issue 29), each beside its encoding's default form
+VARIANTS=(
+  "pe=rope pe.rotary_fraction=0.5"           # partial rotation (transformers' partial_rotary_factor)
+  "pe=rope pe.rope_proportion=0.75"          # p-RoPE (Barbero et al. 2025)
+  "pe=rope pe.cross_attention=rotated"       # RoPE in cross-attention too (x-transformers' context_pos)
+  "pe=sinpe pe.augment=shift pe.augment_range=100"  # SHAPE (Kiyono et al. 2021)
+  "pe=alibi pe.dape=true"                    # DAPE (Zheng et al. 2024)
+)
+# extrapolation's position augmentation (issue 29), where it applies: random positions cover the
+# test lengths (sources up to 120 tokens, targets up to 1.5 x 120 + 10)
+EXTRAP_VARIANTS=(
+  "pe=rope pe.augment=random pe.augment_range=256"     # randomized positions (Ruoss et al. 2023)
+  "pe=learned pe.augment=random pe.augment_range=256"  # every table row trained
+  "pe=t5 pe.augment=random pe.augment_range=256"
+  "pe=sinpe pe.augment=shift pe.augment_range=100"     # SHAPE (Kiyono et al. 2021)
+)
+# RoPE's context-extension scalings at test time, on each trained rope run (configs/experiment/
+# extrapolation.yaml): PI, NTK, YaRN and dynamic NTK, each at factor 4
+ROPE_SCALINGS="eval.pe_variants={pi4: {scaling: linear, factor: 4}, ntk4: {scaling: ntk, factor: 4}, \
+yarn4: {scaling: yarn, factor: 4, original_max_len: 32}, \
+dntk4: {scaling: dynamic_ntk, factor: 4, original_max_len: 32}}"
 ARCHIVE_EVERY=${ARCHIVE_EVERY:-300}
 ARCHIVE=${ARCHIVE:-docs/study/runs}  # where the runs are kept as text (another checkout's, say)
 SWEEPS=(compare extrapolation seed_report scaling)
@@ -65,6 +87,10 @@ for stage in $STAGES; do
         bounded $PY train.py -m experiment=compare "seed=$seed" "${common[@]}"
         bounded $PY train.py -m experiment=compare pe=alibi,kerple pe.encoder_bias=symmetric \
           "seed=$seed" "${common[@]}"
+        for variant in "${VARIANTS[@]}"; do  # one option of one encoding per call
+          # shellcheck disable=SC2086  # a variant is several overrides
+          bounded $PY train.py -m experiment=compare $variant "seed=$seed" "${common[@]}"
+        done
       done ;;
     beam5)
       for run in outputs/sweeps/compare/*@*/; do
@@ -75,6 +101,15 @@ for stage in $STAGES; do
     extrap)
       for seed in $SEEDS; do
         bounded $PY train.py -m experiment=extrapolation "seed=$seed" "${common[@]}"
+        for variant in "${EXTRAP_VARIANTS[@]}"; do
+          # shellcheck disable=SC2086  # a variant is several overrides
+          bounded $PY train.py -m experiment=extrapolation $variant "seed=$seed" "${common[@]}"
+        done
+        for run in outputs/sweeps/extrapolation/pe=rope,seed="$seed"@*/; do  # RoPE's scalings
+          [ -f "$run/metrics.json" ] || continue
+          bounded $PY -m posenc.evaluation "run_dir=$run" "$ROPE_SCALINGS" threads=2 \
+            trainer.progress=false
+        done
       done ;;
     bench)
       bounded $PY scripts/bench.py --model cpu --tokens 1024 --lengths 32,64 --repeats 7 \
