@@ -52,6 +52,7 @@ def test_a_whole_config_is_checked_group_by_group_and_absent_keys_are_tolerated(
         ({"model": {"d_model": 1.5}}, "model.d_model=1.5 must be an integer >= 1"),
         ({"trainer": {"precision": "fp16"}}, "trainer.precision='fp16' must be one of auto"),
         ({"eval": {"checkpoint": "first"}}, "eval.checkpoint='first' must be one of best, last"),
+        ({"eval": {"splits": []}}, "eval.splits=[] must be a list of at least 1 item(s)"),
     ]:
         with pytest.raises(ValueError, match="^" + re.escape(message)):
             check_types(bad)

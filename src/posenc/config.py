@@ -88,7 +88,7 @@ class Setting:
         kind: ``int``, ``number`` (int or float), ``bool``, ``str``, ``pair`` (two numbers),
             ``list`` or ``mapping``.
         low, high: inclusive bounds for numbers (``None`` = unbounded); ``high_open`` excludes
-            ``high``.
+            ``high``; for a list, ``low`` is its fewest items.
         optional: whether ``null`` is accepted.
         choices: the accepted strings, for ``str`` settings with a fixed set of values.
     """
@@ -109,7 +109,7 @@ class Setting:
         elif self.kind == "str":
             text = "a string"
         elif self.kind == "list":
-            text = "a list"
+            text = "a list" if self.low is None else f"a list of at least {_num(self.low)} item(s)"
         elif self.kind == "mapping":
             text = "a mapping {key: value}"
         elif self.kind == "pair":
@@ -136,7 +136,7 @@ class Setting:
         if self.kind == "str":
             return isinstance(value, str) and (not self.choices or value in self.choices)
         if self.kind == "list":
-            return isinstance(value, list | tuple)
+            return isinstance(value, list | tuple) and len(value) >= (self.low or 0)
         if self.kind == "mapping":
             return isinstance(value, Mapping)
         if self.kind == "pair":
@@ -288,7 +288,7 @@ class EvalConfig(ConfigGroup):
 
     GROUP: ClassVar[str] = "eval"
     enabled: bool = setting("bool")
-    splits: list[str] = setting("list")
+    splits: list[str] = setting("list", low=1)
     checkpoint: str = setting("str", choices=("best", "last"))
     batch_tokens: int = setting(**POSITIVE)
     max_len_a: float = setting("number", low=0)
