@@ -157,6 +157,18 @@ def test_every_run_records_the_code_it_ran_and_the_report_states_it(report, swee
     assert "not recorded (2 run(s)" in line  # the failed and the unfinished run
 
 
+def test_every_run_records_its_hardware_and_the_report_states_it(report, sweep):
+    """The same code and seed round differently on another processor, so a run says where it
+    computed."""
+    machine = json.loads((sweep / "pe=rope" / "train_summary.json").read_text())["machine"]
+    assert machine["cpu"] and machine["gpu"] is None
+    assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    _, markdown, _ = report
+    line = next(line for line in markdown.splitlines() if line.startswith("Hardware: "))
+    assert f"{machine['cpu']} + {machine['cpu_capability']} (3 run(s))" in line
+    assert "not recorded (2 run(s))" in line
+
+
 def test_score_tables_match_the_runs_metrics(report, sweep):
     _, markdown, rows = report
     rope = metrics_of(sweep, "pe=rope")["splits"]

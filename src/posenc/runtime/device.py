@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import platform
 import random
 import resource
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +39,29 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return None
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, else ``platform``'s guess)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    """``{"cpu", "cpu_capability", "gpu"}``: the hardware a run computed on. The same code and
+    seed round differently on other processors (another CPU model or vector unit, another GPU),
+    so runs compare bit for bit only on the same hardware; ``gpu`` is None off CUDA."""
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "gpu": gpu,
+    }
 
 
 def seed_everything(seed: int) -> None:

@@ -346,6 +346,10 @@ SUMMARY = Fields(
                 "torch": STR,
             },
         ),
+        "machine": Fields(
+            {},
+            {"cpu": STR, "cpu_capability": nullable(STR), "gpu": nullable(STR)},
+        ),
     },
 )
 #: one length bucket of a split's scores (``posenc.evaluation.metrics.length_buckets``)

@@ -35,6 +35,7 @@ from posenc.runtime import checkpoint, distributed
 from posenc.runtime.device import (
     autocast_dtype,
     keep_freed_memory,
+    machine,
     memory_mb,
     resolve_device,
     seed_everything,
@@ -485,6 +486,7 @@ def finish(run: Training) -> dict[str, Any]:
         "processes": run.world,
         "train_pairs": len(run.data.train_src),
         "code": code_version(),
+        "machine": machine(run.device),
     }
     if run.logger is not None:
         for warning in advice.sanity_warnings(state, run.trainer):

@@ -79,6 +79,7 @@ def section_runs(w: Writer, runs: Sequence[Run], groups: Sequence[Group], focus:
         )
     w.table(header, rows)
     w.text(code_line(runs))
+    w.text(machine_line(runs))
     configured = [r for r in runs if r.config]
     if configured:
         setup_lines(w, configured)
@@ -104,6 +105,21 @@ def code_line(runs: Sequence[Run]) -> str:
         else ""
     )
     return "Code: " + "; ".join(parts) + "." + warning
+
+
+def machine_line(runs: Sequence[Run]) -> str:
+    """Which hardware the runs computed on (``machine`` of their training summaries), each with
+    its runs' count: runs of one code and seed agree bit for bit only on the same hardware."""
+    machines = Counter(
+        " + ".join(str(m[k]) for k in ("cpu", "cpu_capability", "gpu") if m.get(k))
+        for r in runs
+        if isinstance(m := r.train.get("machine"), dict)
+    )
+    unknown = sum(not isinstance(r.train.get("machine"), dict) for r in runs)
+    parts = [f"{name} ({n} run(s))" for name, n in machines.items()]
+    if unknown:
+        parts.append(f"not recorded ({unknown} run(s))")
+    return "Hardware: " + "; ".join(parts) + "."
 
 
 def shared_settings(runs: Sequence[Run]) -> dict[str, Any]:
