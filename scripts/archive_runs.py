@@ -14,11 +14,18 @@ had none stays). ``restore`` copies archived runs
 into a sweep that lacks them, never over a run that is there. A restored run answers "nothing to
 do" to the same settings and budget, and ``scripts/report.py`` reads its curves from
 ``scalars.csv``. Symbolic links are never followed or copied.
+
+The references a run was scored against (``references.*.txt``, the same for every run of a
+data set) are kept once per archive, by content, in ``ARCHIVE/references/<digest>.txt``; each
+run's ``references.json`` maps its files to them, and ``restore`` writes them back, so the
+report's paired bootstrap works on restored runs too.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -35,19 +42,62 @@ ARCHIVED = (
 )
 
 
-def archived_files(run: Path) -> list[Path]:
-    """The files of ``run`` that are archived, relative to it, sorted (links left out)."""
+#: the files kept once per archive by content (see the module docstring)
+SHARED = ("references.*.txt",)
+REFERENCES = "references"  # the archive's folder of shared files
+REFERENCE_MAP = "references.json"  # a run's map from its shared files to their digests
+
+
+def archived_files(run: Path, patterns: tuple[str, ...] = ARCHIVED) -> list[Path]:
+    """The files of ``run`` matching ``patterns`` (default :data:`ARCHIVED`), relative to it,
+    sorted (links left out)."""
     found: set[Path] = set()
     for folder in [run, *sorted((run / "evals").glob("*"))]:
         if folder.is_symlink() or not folder.is_dir():
             continue
-        for pattern in ARCHIVED:
+        for pattern in patterns:
             found.update(
                 p.relative_to(run)
                 for p in folder.glob(pattern)
                 if p.is_file() and not p.is_symlink()
             )
     return sorted(found)
+
+
+def save_shared(source: Path, target: Path, store: Path) -> bool:
+    """Keep ``source``'s shared files in ``store`` by content and their map in
+    ``target/references.json`` (entries of files the run lacks stay); whether it changed."""
+    path = target / REFERENCE_MAP
+    mapping = json.loads(path.read_text()) if path.is_file() else {}
+    before = dict(mapping)
+    for relative in archived_files(source, SHARED):
+        data = (source / relative).read_bytes()
+        digest = hashlib.sha256(data).hexdigest()[:16]
+        stored = store / f"{digest}.txt"
+        if not stored.is_file():
+            stored.parent.mkdir(parents=True, exist_ok=True)
+            stored.write_bytes(data)
+        mapping[str(relative)] = digest
+    if mapping == before:
+        return False
+    target.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(mapping, indent=1, sort_keys=True) + "\n")
+    return True
+
+
+def restore_shared(archived: Path, target: Path, store: Path) -> None:
+    """Write the shared files of ``archived/references.json`` from ``store`` into ``target``
+    (an entry naming a path outside the run, or a missing file, is left out)."""
+    path = archived / REFERENCE_MAP
+    if not path.is_file():
+        return
+    for relative, digest in json.loads(path.read_text()).items():
+        stored = store / f"{digest}.txt"
+        destination = (target / relative).resolve()
+        inside = destination.is_relative_to(target.resolve())
+        if inside and stored.is_file() and "/" not in digest:
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            destination.write_bytes(stored.read_bytes())
 
 
 def is_finished(run: Path) -> bool:
@@ -96,7 +146,10 @@ def checkout_of(sweep: Path) -> Path:
 def save(sweep: Path, archive: Path) -> None:
     """Archive every finished run of ``sweep`` under ``archive/<run name>/``."""
     for run in run_dirs(sweep):
-        if is_finished(run) and copy_run(run, archive / run.name, (checkout_of(sweep),)):
+        if not is_finished(run):
+            continue
+        changed = copy_run(run, archive / run.name, (checkout_of(sweep),))
+        if save_shared(run, archive / run.name, archive / REFERENCES) or changed:
             print(f"archived {run.name}")
 
 
@@ -106,6 +159,7 @@ def restore(archive: Path, sweep: Path) -> None:
         if (sweep / run.name).exists():
             continue
         copy_run(run, sweep / run.name)
+        restore_shared(run, sweep / run.name, archive / REFERENCES)
         print(f"restored {run.name}")
 
 

@@ -185,6 +185,7 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
         "metrics.json": "{}",
         "train_summary.json": "{}",
         "hypotheses.test.txt": "a\n",
+        "references.test.txt": "the reference\n",
         "scalars.csv": "tag,step,value,wall_time\n",
         "evals/beam5/metrics.json": "{}",
         "evals/beam5/eval_config.yaml": "seed: 0\n",
@@ -199,7 +200,12 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
     (sweep / "done" / "hypotheses.long.txt").symlink_to(tmp_path / "elsewhere.txt")
     script["save"](sweep, archive)
     kept = sorted(str(p.relative_to(archive)) for p in archive.rglob("*") if p.is_file())
-    assert kept == sorted(f"done/{p}" for p in files if not p.startswith(("checkpoints", "tb")))
+    shared = [p for p in kept if p.startswith("references/")]  # by content, once per archive
+    assert len(shared) == 1 and (archive / shared[0]).read_text() == "the reference\n"
+    per_run = {"done/references.json", *shared}
+    assert [p for p in kept if p not in per_run] == sorted(
+        f"done/{p}" for p in files if not p.startswith(("checkpoints", "tb", "references"))
+    )
     config = (archive / "done" / "config.yaml").read_text()
     assert config == "dir: ../shared/data\ncache_dir: ~/.cache\n"
 
@@ -216,3 +222,4 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
     (restored / "done").rmdir()
     script["restore"](archive, restored)
     assert (restored / "done" / "hypotheses.test.txt").read_text() == "b\n"
+    assert (restored / "done" / "references.test.txt").read_text() == "the reference\n"
