@@ -14,6 +14,7 @@ from posenc.analysis.report.figures import (
     limit_lines,
     plot_buckets,
     plot_curves,
+    plot_intervals,
     plot_scores,
     render_attention,
 )
@@ -137,6 +138,41 @@ def test_one_seed_gets_no_error_bar_and_bertscore_one_scale_on_every_split(tmp_p
     assert error_bar([1.0]) is None and error_bar([1.0, 3.0]) == pytest.approx(2**0.5)
 
 
+def test_score_bars_name_their_split_and_axes_and_bars_sharing_a_colour_differ(tmp_path):
+    """With more systems than the palette has colours, a repeated colour gets a hatch, so no
+    two bars look alike (seventeen encodings drew alibi and xl both in plain blue)."""
+    names = [f"system {i:02d}" for i in range(19)]
+    systems = {
+        n: [entry(n, 0, bleu=10.0 + i, chrf=30.0, sentences=3003)] for i, n in enumerate(names)
+    }
+    fig = plot_scores(Writer(tmp_path), "newstest2014", systems, palette(names), {})
+    assert fig._suptitle.get_text().startswith("newstest2014, 3,003 sentences")
+    bleu = fig.axes[0]
+    assert bleu.get_ylabel() == "BLEU"
+    bars = [c.patches[0] for c in bleu.containers if isinstance(c, BarContainer)]
+    looks = {(tuple(np.round(b.get_facecolor(), 3)), b.get_hatch()) for b in bars}
+    assert len(bars) == len(looks) == 19
+
+
+def test_bucket_ticks_count_their_sentences_and_markers_grow_with_them(tmp_path):
+    styles = palette(["a"])
+    values = {"a": {"bleu": [10.0, 12.0, 14.0], "loss": [5.0, 5.5, 6.0]}}
+    fig = plot_buckets(Writer(tmp_path), "test", EDGES, [400, 20, 1], values, [], styles)
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert [t.split("n=")[1] for t in ticks] == ["400", "20", "1"]
+    sizes = fig.axes[0].collections[0].get_sizes()
+    assert sizes[0] > sizes[1] > sizes[2]
+
+
+def test_bootstrap_intervals_are_drawn_per_system_in_rank_order(tmp_path):
+    intervals = {"best": {"bleu": (20.0, 1.5), "chrf": (45.0, 1.0)}, "next": {"bleu": (19.0, 1.4)}}
+    fig = plot_intervals(Writer(tmp_path), "test", intervals, palette(intervals))
+    bleu = fig.axes[0]
+    assert [t.get_text() for t in bleu.get_yticklabels()] == ["best", "next"]
+    lines = [c.lines[0] for c in bleu.containers]
+    assert lines[0].get_xdata()[0] == 20.0 and (tmp_path / "intervals_test.png").exists()
+
+
 def test_the_score_table_shows_bertscore_x100_and_lists_the_seeds(tmp_path):
     w = Writer(tmp_path)
     systems = systems_of(0.20)
@@ -186,7 +222,7 @@ def test_eleven_systems_get_distinct_styles_and_the_legend_sits_outside(tmp_path
     assert len({c for c, _, _ in looks}) == 11 and len(set(looks)) == 11
     values = {n: {"bleu": [i, i + 1.0, None], "loss": [5.0, 6.0, 7.0]} for i, n in enumerate(names)}
     limits = [("trainer.max_source_tokens", 20.0, "source tokens")]
-    fig = plot_buckets(Writer(tmp_path), "test", EDGES, values, limits, styles)
+    fig = plot_buckets(Writer(tmp_path), "test", EDGES, [400, 20, 1], values, limits, styles)
     bleu = fig.axes[0]
     drawn = {line.get_label(): line for line in bleu.lines}
     assert drawn["system 3"].get_ydata()[:2].tolist() == [3.0, 4.0]

@@ -99,6 +99,11 @@ def plot_curves(
 # ---------------------------------------------------------------- scores
 
 
+#: bar hatches for a colour that an earlier bar of the same figure already used (the palette's
+#: colours repeat past its length; hatches tell those bars apart)
+HATCHES = ("", "//", "..", "xx", "\\\\")
+
+
 def plot_scores(
     w: Writer,
     split: str,
@@ -107,12 +112,19 @@ def plot_scores(
     limits: dict[str, tuple[float, float]],
 ) -> Figure:
     """``scores_SPLIT.png``: BLEU, chrF and BERTScore F1 x100 per system (:data:`BAR_SCORES`),
-    bars = mean, error bars = sample std over seeds (none for one seed), dots = seeds. Each
-    score's y range is ``limits[metric]``, the same on every split."""
+    bars = mean, error bars = sample std over seeds (none for one seed), dots = seeds; a bar
+    whose colour an earlier bar has is hatched. Each score's y range is ``limits[metric]``,
+    the same on every split; the title names the split and its sentences."""
     order = system_order(systems)
     metrics = [m for m in BAR_SCORES if any(bar_values(systems[s], m[0], 1.0) for s in order)]
     panels = max(len(metrics), 1)
-    fig, axes = new_figure(3.2 * panels + 1, 4.0, panels)
+    fig, axes = new_figure(3.2 * panels + 1, 4.3, panels)
+    seen: dict[Any, int] = {}
+    hatches = {}
+    for name in order:
+        colour = styles.get(name, GREY)["color"]
+        hatches[name] = HATCHES[seen.get(colour, 0) % len(HATCHES)]
+        seen[colour] = seen.get(colour, 0) + 1
     for ax, (metric, label, _, scale) in zip(axes, metrics, strict=False):
         for i, name in enumerate(order):
             values = bar_values(systems[name], metric, scale)
@@ -123,15 +135,60 @@ def plot_scores(
                 statistics.fmean(values),
                 yerr=error_bar(values),
                 color=styles.get(name, GREY)["color"],
+                hatch=hatches[name],
+                edgecolor="white" if hatches[name] else None,
                 capsize=3,
                 alpha=0.85,
             )
             ax.plot([i] * len(values), values, "k.", markersize=4)
         ax.set_xticks(range(len(order)), order, rotation=60, ha="right", fontsize=7)
         ax.set_title(label, fontsize=9)
+        ax.set_ylabel(label)
         ax.set_ylim(*limits.get(metric, (0.0, None)))
         ax.grid(axis="y", alpha=0.3)
+    sentences = {e.scores.get("sentences") for entries in systems.values() for e in entries}
+    counted = ""
+    if len(sentences) == 1 and isinstance(only := next(iter(sentences)), int):
+        counted = f", {only:,} sentences"
+    fig.suptitle(
+        f"{split}{counted}: bars mean over seeds, dots seeds, error bars seed sd "
+        "(95% bootstrap CIs over sentences: the significance section)",
+        fontsize=9,
+    )
     w.figure(fig, f"scores_{slug(split)}.png", f"scores on {split}")
+    return fig
+
+
+def plot_intervals(
+    w: Writer,
+    split: str,
+    intervals: dict[str, dict[str, tuple[float, float]]],
+    styles: dict[str, Any],
+) -> Figure:
+    """``intervals_SPLIT.png``: each system's bootstrap mean and 95% CI over test sentences
+    (``intervals``: system -> ``{"bleu"|"chrf": (mean, half width)}``, systems in rank order,
+    the first on top), one panel per metric: where the intervals overlap, the gaps between
+    bars say little."""
+    metrics = [
+        (m, label)
+        for m, label in (("bleu", "BLEU"), ("chrf", "chrF"))
+        if any(m in per for per in intervals.values())
+    ]
+    names = list(intervals)
+    fig, axes = new_figure(10, 0.8 + 0.28 * max(len(names), 3), max(len(metrics), 1))
+    for ax, (metric, label) in zip(axes, metrics, strict=False):
+        for i, name in enumerate(names):
+            if metric not in intervals[name]:
+                continue
+            mean, half = intervals[name][metric]
+            style = styles.get(name, GREY)
+            ax.errorbar(mean, i, xerr=half, fmt=style["marker"], color=style["color"], capsize=3)
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"{label} (bootstrap mean ± 95% CI)")
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(f"{split}: 95% bootstrap intervals over test sentences", fontsize=9)
+    w.figure(fig, f"intervals_{slug(split)}.png", f"bootstrap intervals on {split}")
     return fig
 
 
@@ -158,23 +215,30 @@ def plot_buckets(
     w: Writer,
     split: str,
     edges: list[tuple[int, int]],
+    sentences: list[int],
     values: dict[str, dict[str, list]],
     limits: list[tuple[str, float, str]],
     styles: dict[str, Any],
 ) -> Figure:
     """``buckets_SPLIT.png``: BLEU and loss by source-length bucket (``values``: per system
-    ``{"bleu": [...], "loss": [...]}`` aligned with ``edges``), one line per system in its own
-    colour, marker and line style, the legend outside; the training length limits
+    ``{"bleu": [...], "loss": [...]}`` aligned with ``edges``, ``sentences`` per bucket), one
+    line per system in its own colour, marker and line style, the legend outside; each tick
+    says how many sentences its bucket holds and markers grow with it (a bucket of one sentence
+    is a small dot, not a point as solid as one of 400); the training length limits
     ``(key, value, unit)`` that convert to the axis' tokens as black vertical lines
     (:func:`limit_lines`)."""
-    fig, axes = new_figure(13, 4.4, 2)
+    fig, axes = new_figure(13, 4.6, 2)
     x = np.arange(len(edges))
+    sizes = 2.0 + 8.0 * np.sqrt(np.asarray(sentences, dtype=float) / max(max(sentences), 1))
+    ticks = [f"{bucket_label(*edge)}\nn={n}" for edge, n in zip(edges, sentences, strict=True)]
     for ax, metric in zip(axes, ("bleu", "loss"), strict=True):
         for name, per in values.items():
             y = np.array([np.nan if v is None else v for v in per[metric]], dtype=float)
-            ax.plot(x, y, markersize=5, lw=1.3, label=name, **styles.get(name, GREY))
-        ax.set_xticks(x, [bucket_label(*edge) for edge in edges], rotation=45, fontsize=7)
-        ax.set_xlabel("source length (tokens incl. EOS)")
+            style = styles.get(name, GREY)
+            ax.plot(x, y, lw=1.3, markersize=3, label=name, **style)
+            ax.scatter(x, y, s=sizes**2, color=style["color"], marker=style["marker"], zorder=3)
+        ax.set_xticks(x, ticks, fontsize=7)
+        ax.set_xlabel("source length (tokens incl. EOS); n = sentences in the bucket")
         ax.set_ylabel("BLEU" if metric == "bleu" else "loss (token NLL)")
         ax.grid(alpha=0.3)
     for (label, position), style in zip(limit_lines(limits, edges), LIMIT_STYLES, strict=False):
@@ -183,6 +247,7 @@ def plot_buckets(
                 position, color="black", ls=style, lw=1, label=label if ax is axes[0] else None
             )
     outside_legend(fig, axes[0])
+    fig.suptitle(f"{split}: BLEU and loss by source length, mean over seeds", fontsize=9)
     w.figure(fig, f"buckets_{slug(split)}.png", f"BLEU and loss by source length on {split}")
     return fig
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from posenc.analysis.report.figures import plot_buckets, plot_scores
+from posenc.analysis.report.figures import plot_buckets, plot_intervals, plot_scores
 from posenc.analysis.report.findings import (
     ALPHA,
     NOISE_FLOOR_BLEU,
@@ -78,7 +78,7 @@ def split_sections(
         "p is the chance of a difference at least as large under the null hypothesis."
     )
     for split in splits:
-        section_significance(w, split, systems[split], samples)
+        section_significance(w, split, systems[split], samples, styles)
     w.heading(SECTIONS[4])
     limits = length_limits([r for r in runs if r.status != FAILED])
     w.text(*limit_notes(limits))
@@ -174,7 +174,7 @@ def signature_lines(w: Writer, systems: dict[str, list[Entry]]) -> None:
 
 
 def section_significance(
-    w: Writer, split: str, systems: dict[str, list[Entry]], samples: int
+    w: Writer, split: str, systems: dict[str, list[Entry]], samples: int, styles: dict[str, Any]
 ) -> None:
     """Every system against the best one on ``split``: sacreBLEU's paired bootstrap p-values,
     Holm-adjusted over the systems compared, the difference on each training seed and its size
@@ -217,6 +217,17 @@ def section_significance(
         ],
         table,
     )
+    intervals = {
+        row.system: {
+            m: (result.mean, result.ci)
+            for m, result in row.results.items()
+            if result is not None and result.ci is not None
+        }
+        for row in rows
+        if row.results
+    }
+    if intervals:
+        plot_intervals(w, split, intervals, styles)
     w.text(
         f"Baseline: **{baseline}** (best mean BLEU). Test signatures: "
         + ", ".join(f"{m} `{s}`" for m, s in signatures.items()),
@@ -308,4 +319,4 @@ def section_buckets(
                 w.record("buckets", split, name, "", f"{metric}[{lo},{hi})", value)
             rows.append([name, *[fmt(v, digits) for v in row]])
         w.table(header, rows)
-    plot_buckets(w, split, edges, values, limits, styles)
+    plot_buckets(w, split, edges, [sentences[edge] for edge in edges], values, limits, styles)
