@@ -15,7 +15,8 @@ import pytest
 import torch
 from conftest import compose, pe_config, tiny_model
 
-from posenc.config import identity, plain
+from posenc.config import plain
+from posenc.config.identity import identity
 from posenc.model.encodings import encoding_factory
 from posenc.model.encodings.base import AttentionCall, AttentionRule, EncodingModule, Site
 from posenc.model.encodings.common import SPLIT_PENALTY, DapeRule

@@ -15,6 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from posenc.evaluation.metrics import bleu_chrf
 from posenc.job import run
 from posenc.training import loop as train_module
+from posenc.training import validation as validation_module
 
 
 def scalar_steps(run_dir, tag):
@@ -59,7 +60,7 @@ def test_an_interrupted_run_resumes_to_the_same_result_without_duplicated_steps(
     run(compose(*overrides), straight)
 
     interrupted = tmp_path / "interrupted"
-    real_validation = train_module.validation_loss
+    real_validation = validation_module.validation_loss
     calls = {"n": 0}
 
     def crash_on_third_validation(*args, **kwargs):
@@ -68,10 +69,10 @@ def test_an_interrupted_run_resumes_to_the_same_result_without_duplicated_steps(
             raise KeyboardInterrupt  # as if killed at step 15, after checkpoint 10
         return real_validation(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "validation_loss", crash_on_third_validation)
+    monkeypatch.setattr(validation_module, "validation_loss", crash_on_third_validation)
     with pytest.raises(SystemExit, match="130"):  # one line, no traceback
         run(compose(*overrides), interrupted)
-    monkeypatch.setattr(train_module, "validation_loss", real_validation)
+    monkeypatch.setattr(validation_module, "validation_loss", real_validation)
     assert (
         torch.load(interrupted / "checkpoints" / "last.pt", weights_only=True)["state"]["step"]
         == 10

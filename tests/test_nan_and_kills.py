@@ -26,6 +26,7 @@ from posenc.runtime.lock import RunLockedError, run_lock
 from posenc.runtime.rundir import RunDir
 from posenc.training import advice
 from posenc.training import loop as train_module
+from posenc.training import validation as validation_module
 from posenc.training.start import TrainState
 
 OVERRIDES = (*SMOKE, "pe=nonepe", "trainer.valid_every=2", "eval.enabled=false")
@@ -58,7 +59,7 @@ def nan_training_losses(monkeypatch, is_nan, give_up_after: int = 60) -> None:
 def validation_losses(monkeypatch, *losses: float) -> None:
     """The validations of the run return ``losses``, in order (no model is run)."""
     returned: Iterator[float] = iter(losses)
-    monkeypatch.setattr(train_module, "validation_loss", lambda *args: next(returned))
+    monkeypatch.setattr(validation_module, "validation_loss", lambda *args: next(returned))
 
 
 # --- nan_policy=skip ----------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from posenc.config import identity, plain
+from posenc.config import plain
+from posenc.config.identity import identity
 from posenc.model.encodings.base import AttentionCall, Site
 from posenc.model.encodings.rotary import (
     SCALINGS,

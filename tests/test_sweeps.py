@@ -65,9 +65,9 @@ def test_rerunning_a_sweep_runs_only_the_failed_and_missing_jobs(tmp_path, monke
     corrupt.unlink()  # what the message says to do
     trained = []
 
-    def recording_train(cfg, run_dir, start=None):
+    def recording_train(cfg, run_dir, start=None, **kwargs):
         trained.append(run_dir.path)
-        return real_train(cfg, run_dir, start)
+        return real_train(cfg, run_dir, start, **kwargs)
 
     real_train = cli.train
     monkeypatch.setattr(cli, "train", recording_train)

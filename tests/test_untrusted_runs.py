@@ -23,7 +23,7 @@ from conftest import ROOT, SMOKE, compose
 from omegaconf import OmegaConf
 
 from posenc.analysis.report.build import main as report_main
-from posenc.config import differences
+from posenc.config.identity import differences
 from posenc.evaluation import evaluate as evaluate_module
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run

@@ -6,6 +6,7 @@ rank 0 alone writes the run directory and evaluates (see :mod:`posenc.runtime.di
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import traceback
@@ -19,16 +20,12 @@ from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from posenc.config import (
-    TrainerConfig,
-    differences,
-    evaluation_identity,
-    paste,
-    reported_settings,
-    training_identity,
-)
+from posenc.config import TrainerConfig, paste, reported_settings
+from posenc.config.identity import differences, evaluation_identity, training_identity
 from posenc.data.corpus import DataError
+from posenc.evaluation.decode import DecodeSettings, translate
 from posenc.evaluation.evaluate import archive_evaluation, evaluate
+from posenc.evaluation.metrics import bleu_chrf
 from posenc.runtime import distributed
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.device import resolve_device
@@ -36,9 +33,11 @@ from posenc.runtime.files import LinkRefused, refuse_links_leaving
 from posenc.runtime.lock import RunLockedError, run_lock
 from posenc.runtime.rundir import RunDir, check_run_name, run_dir_name
 from posenc.runtime.untrusted import UntrustedFileError, read_config
+from posenc.training.advice import TrainingError
 from posenc.training.interrupt import TrainingInterrupted
-from posenc.training.loop import TrainingError, train
+from posenc.training.loop import train
 from posenc.training.start import RunMismatchError, Start, find_start
+from posenc.training.validation import Scorer
 
 log = logging.getLogger("posenc")
 
@@ -256,6 +255,19 @@ def _archive_other_evaluation(cfg: DictConfig, run_dir: RunDir, saved: DictConfi
         log.info("evaluated before with %s: that evaluation moved to %s", changed[0], target)
 
 
+def validation_scorer(cfg: DictConfig) -> Scorer:
+    """Training's validation BLEU (``trainer.valid_bleu``) as evaluation computes BLEU: greedy
+    decoding with the run's ``eval`` decoding settings, detokenised, sacreBLEU BLEU and chrF."""
+    settings = dataclasses.replace(DecodeSettings.of(cfg), beam_size=1, progress=False)
+
+    def score(model, tokenizer, sources: list[list[int]], references: list[str]) -> dict:
+        device = next(model.parameters()).device
+        ids, _ = translate(model, tokenizer, sources, settings, device)
+        return bleu_chrf(tokenizer.decode_batch(ids), references)
+
+    return score
+
+
 def _train_and_evaluate(cfg: DictConfig, run_dir: RunDir, start: Start) -> dict[str, Any] | None:
     """Train from ``start`` to the budget (at once when done), then evaluate unless the
     evaluation at the last step is there; returns the metrics (rank 0)."""
@@ -263,7 +275,7 @@ def _train_and_evaluate(cfg: DictConfig, run_dir: RunDir, start: Start) -> dict[
     if done is not None:
         log.info("%s is already trained and evaluated; nothing to do", run_dir.path)
         return done if distributed.is_main() else None
-    summary = train(cfg, run_dir, start)
+    summary = train(cfg, run_dir, start, scorer=validation_scorer(cfg))
     if not distributed.is_main():
         return None
     metrics = run_dir.metrics()

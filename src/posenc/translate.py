@@ -1,28 +1,36 @@
 """The translate command, like ``fairseq-interactive``::
 
-    python -m posenc.translate run_dir=RUN [input=FILE] [output=FILE] [KEY=VALUE ...]
+    python -m posenc.translate run_dir=RUN [input=FILE] [output=FILE] [nbest=N] [KEY=VALUE ...]
 
 reads raw source sentences, one per line, from ``input=FILE`` or stdin (until its end),
 translates them in token-bucketed batches with the run's own tokenizer and checkpoint (or the
 average of its last checkpoints, ``eval.average_last``), and writes the detokenised
 translations, one per line in input order, to ``output=FILE`` or stdout. A blank line stays
 blank. Overrides apply to the run's saved config as in standalone evaluation
-(``eval.beam_size=5``, ``eval.lenpen=0.6``, ``eval.checkpoint=last``, ``device=cpu``,
-``trainer.progress=true`` for a progress bar on stderr); log lines go to stderr.
+(``eval.beam_size=5``, ``eval.lenpen=0.6``, ``eval.sampling=true eval.top_p=0.9 eval.seed=1``,
+``eval.checkpoint=last``, ``device=cpu``, ``trainer.progress=true`` for a progress bar on
+stderr); log lines go to stderr.
+
+``nbest=N`` (N > 1, at most ``eval.beam_size``, not with sampling) writes beam search's N best
+hypotheses of every sentence instead, like ``fairseq-generate --nbest N``: one line each,
+:data:`NBEST_FORMAT`, best first, sentences in input order; ``sentence_index`` counts input
+lines from 0, ``rank`` from 1; a blank line has no hypotheses.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from posenc.config import Setting
 from posenc.data.tokenizer import Tokenizer
-from posenc.evaluation.decode import DecodeSettings, translate
-from posenc.evaluation.evaluate import average_last
+from posenc.evaluation.decode import DecodeSettings, translate, translate_nbest
+from posenc.evaluation.evaluate import average_last, use_ema
 from posenc.evaluation.standalone import check_run_dir, compose_run_config, load_checked
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime.checkpoint import CheckpointError
@@ -38,12 +46,27 @@ COMMAND = Command(
         "run_dir": "the trained run (a directory with config.yaml and checkpoints/)",
         "input": "source sentences, one a line (default: stdin)",
         "output": "where the translations go, one a line (default: stdout)",
+        "nbest": "N > 1 (at most eval.beam_size, not with eval.sampling): beam search's N best "
+        "hypotheses of each sentence, one a line, best first, tab-separated: "
+        "sentence_index<TAB>rank<TAB>score<TAB>log_prob<TAB>translation (index: the input "
+        "line's, from 0; rank from 1; log_prob: summed log-probability of the tokens and EOS; "
+        "score = log_prob / length ** eval.lenpen, the length counting EOS); default 1: the "
+        "translations alone, one a line",
     },
     ("run_dir",),
     "Translate text with a trained run, by the run's own tokenizer and decoding settings.",
     "python -m posenc.translate run_dir=outputs/runs/default/pe=rope@1a2b3c4d input=fr.txt "
-    "eval.beam_size=5",
+    "eval.beam_size=5 nbest=3",
+    values={"nbest": Setting("int", low=1)},
 )
+
+#: what :meth:`str.splitlines` reads as the end of a line: a translation (byte-level BPE may
+#: produce any character) writes each as a space, so that it stays one line
+LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+#: one line of ``nbest=N``'s output (tab-separated; ``score`` ranks, ``log_prob`` is the summed
+#: log-probability of the tokens and EOS, ``score = log_prob / (tokens + 1) ** eval.lenpen``)
+NBEST_FORMAT = "sentence_index<TAB>rank<TAB>score<TAB>log_prob<TAB>translation"
 
 
 def read_lines(source: Path | None) -> list[str]:
@@ -63,16 +86,50 @@ def translate_lines(
     model: Seq2Seq,
     settings: DecodeSettings,
     device: torch.device,
+    nbest: int = 1,
 ) -> list[str]:
-    """The detokenised translation of each of ``lines``, in order; a blank line stays blank."""
+    """The detokenised translation of each of ``lines``, in order; a blank line stays blank.
+    With ``nbest`` > 1, beam search's ``nbest`` best hypotheses of each line instead, one
+    output line each as :data:`NBEST_FORMAT` says (a blank line has none). A sampled line
+    draws from the generator of its index in ``lines`` (from 0), whatever its batch."""
     wanted = [i for i, line in enumerate(lines) if line.strip()]
+    if nbest > 1:
+        return nbest_lines(lines, wanted, tokenizer, model, settings, device, nbest)
     translations = [""] * len(lines)
     if wanted:
         sources = tokenizer.encode_batch([lines[i] for i in wanted])
-        ids, _ = translate(model, tokenizer, sources, settings, device)
+        ids, _ = translate(model, tokenizer, sources, settings, device, sentence_ids=wanted)
         for i, text in zip(wanted, tokenizer.decode_batch(ids), strict=True):
-            translations[i] = text
+            translations[i] = one_line(text)
     return translations
+
+
+def nbest_lines(
+    lines: list[str],
+    wanted: list[int],
+    tokenizer: Tokenizer,
+    model: Seq2Seq,
+    settings: DecodeSettings,
+    device: torch.device,
+    nbest: int,
+) -> list[str]:
+    """The ``nbest`` best hypotheses of the ``wanted`` lines of ``lines``, as
+    :data:`NBEST_FORMAT` says, sentences in input order."""
+    if not wanted:
+        return []
+    sources = tokenizer.encode_batch([lines[i] for i in wanted])
+    found, _ = translate_nbest(model, tokenizer, sources, settings, device, nbest)
+    texts = iter(tokenizer.decode_batch([h.tokens for hypotheses in found for h in hypotheses]))
+    return [
+        f"{i}\t{rank}\t{h.score:.6f}\t{h.log_prob:.6f}\t{one_line(next(texts))}"
+        for i, hypotheses in zip(wanted, found, strict=True)
+        for rank, h in enumerate(hypotheses, start=1)
+    ]
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that ends a line (:data:`LINE_BREAKS`) made a space."""
+    return LINE_BREAKS.sub(" ", text)
 
 
 def write_lines(lines: list[str], target: Path | None) -> None:
@@ -100,25 +157,47 @@ def main(argv: list[str] | None = None) -> None:
 def _main(args: list[str]) -> None:
     paths, overrides = COMMAND.read(args)
     run_dir = paths["run_dir"]
+    nbest = paths.get("nbest", 1)
     check_run_dir(run_dir)
     cfg = compose_run_config(run_dir, overrides)
+    settings = DecodeSettings.of(cfg)
+    check_nbest(nbest, settings)
     lines = read_lines(paths.get("input"))
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s", stream=sys.stderr)
     tokenizer, model, step, checkpoint = load_checked(run_dir, cfg)
-    settings = DecodeSettings.of(cfg)
     averaged = average_last(cfg)
     weights = checkpoint.name if averaged == 1 else f"the average of the last {averaged}"
+    weights += " (EMA weights)" if use_ema(cfg) else ""
     started = time.perf_counter()
-    translations = translate_lines(lines, tokenizer, model, settings, resolve_device(cfg.device))
+    device = resolve_device(cfg.device)
+    translations = translate_lines(lines, tokenizer, model, settings, device, nbest)
     write_lines(translations, paths.get("output"))
     log.info(
-        "%d lines translated in %.1f s: %s (step %d), beam %d",
+        "%d lines translated in %.1f s: %s (step %d), %s%s",
         len(lines),
         time.perf_counter() - started,
         weights,
         step,
-        settings.beam_size,
+        settings.describe(),
+        f", {nbest} best each" if nbest > 1 else "",
     )
+
+
+def check_nbest(nbest: int, settings: DecodeSettings) -> None:
+    """SystemExit (one line) unless ``nbest`` hypotheses can be listed: 1 always; more only
+    from a beam search at least as wide, never from sampling (one draw per sentence)."""
+    if nbest == 1:
+        return
+    if settings.sampling is not None:
+        raise SystemExit(
+            f"posenc.translate: nbest={nbest} lists beam search's hypotheses, and "
+            "eval.sampling=true draws one translation per sentence: drop one of them"
+        )
+    if nbest > settings.beam_size:
+        raise SystemExit(
+            f"posenc.translate: nbest={nbest} needs a beam search at least that wide "
+            f"(eval.beam_size={settings.beam_size}): add eval.beam_size={nbest} or more"
+        )
 
 
 if __name__ == "__main__":

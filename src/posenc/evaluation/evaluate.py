@@ -3,8 +3,11 @@ score them.
 
 Writes, per split, ``hypotheses.<split>.txt`` and ``references.<split>.txt`` (detokenised) and
 ``metrics.json`` with sacreBLEU (and signature), chrF, BERTScore (model, layer, hash), the test
-loss, the decoding settings, decoding time and speed, and BLEU/loss by source-length bucket;
-with ``eval.average_last`` > 1 it names the averaged checkpoints (``averaged``).
+loss, the decoding settings (``sampling``: its settings, when it sampled), decoding time and
+speed, and BLEU/loss by source-length bucket;
+with ``eval.average_last`` > 1 it names the averaged checkpoints (``averaged``), and with
+``eval.weights=ema`` (a run trained with ``trainer.ema_decay``) it scores the EMA of the weights
+that the checkpoint holds, or their average (``weights: ema``).
 
 The evaluation that training runs goes into the run directory itself; when a continued run is
 evaluated again at a later step, the earlier evaluation moves to ``RUN/evals/step=N/`` first.
@@ -17,6 +20,7 @@ same evaluation reads the one already there.
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +84,7 @@ def evaluate_split(
         "lenpen": decoding.lenpen,
         "max_len_a": decoding.max_len_a,
         "max_len_b": decoding.max_len_b,
+        **({"sampling": asdict(decoding.sampling)} if decoding.sampling else {}),
         "empty_hypotheses": sum(not h.strip() for h in hypotheses),
         "buckets": length_buckets(
             list(eval_cfg.length_buckets),
@@ -117,6 +122,12 @@ def average_last(cfg: DictConfig) -> int:
     """How many step checkpoints evaluation averages (``eval.average_last``; 1, no averaging,
     for a run saved before the setting existed)."""
     return int(cfg.eval.get("average_last", 1))
+
+
+def use_ema(cfg: DictConfig) -> bool:
+    """Whether evaluation scores the EMA of the weights (``eval.weights=ema``) rather than the
+    weights themselves (``raw``, or null: a run saved before the setting existed)."""
+    return cfg.eval.get("weights") == "ema"
 
 
 def kept_for_averaging(cfg: DictConfig, run_dir: RunDir) -> int:
@@ -171,7 +182,9 @@ def evaluate(
     own = out_dir is None
     averaged_count = kept_for_averaging(cfg, run_dir) if own else average_last(cfg)
     if loaded is None:
-        loaded = load_run_model(run_dir.path, cfg, cfg.eval.checkpoint, device, averaged_count)
+        loaded = load_run_model(
+            run_dir.path, cfg, cfg.eval.checkpoint, device, averaged_count, use_ema(cfg)
+        )
     tokenizer, model, step, path = loaded
     decoding = DecodeSettings.of(cfg)
     out_dir = run_dir.path if own else out_dir
@@ -194,6 +207,8 @@ def evaluate(
     if averaged_count > 1:
         averaged = last_step_checkpoints(run_dir.checkpoints, averaged_count)
         metrics["averaged"] = [checkpoint.name for checkpoint in averaged]
+    if use_ema(cfg):
+        metrics["weights"] = "ema"
     for split in splits:
         metrics["splits"][split] = evaluate_split(
             model, tokenizer, corpora[split], cfg.eval, decoding, bertscore, device, out_dir, split

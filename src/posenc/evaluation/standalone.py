@@ -24,15 +24,15 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.config import (
-    EvalConfig,
+from posenc.config import EvalConfig
+from posenc.config.identity import (
     differences,
     digest,
     evaluation_identity,
     identity,
     training_identity,
 )
-from posenc.evaluation.evaluate import average_last, evaluate
+from posenc.evaluation.evaluate import average_last, evaluate, use_ema
 from posenc.model.factory import checkpoint_path, load_run_model
 from posenc.runtime import untrusted
 from posenc.runtime.checkpoint import CheckpointError
@@ -169,14 +169,16 @@ def existing_checkpoint(run_dir: Path, which: str) -> Path:
 
 def load_checked(run_dir: Path, cfg: DictConfig) -> tuple:
     """:func:`load_run_model` at the checkpoint ``eval.checkpoint`` names, or averaged over the
-    last ``eval.average_last`` step checkpoints; SystemExit (one line) when they are missing
-    or unreadable."""
+    last ``eval.average_last`` step checkpoints, their EMA weights with ``eval.weights=ema``;
+    SystemExit (one line) when they are missing or unreadable, or hold no EMA."""
     averaged_count = average_last(cfg)
     if averaged_count == 1:
         existing_checkpoint(run_dir, cfg.eval.checkpoint)
     device = resolve_device(cfg.device)
     try:
-        return load_run_model(run_dir, cfg, cfg.eval.checkpoint, device, averaged_count)
+        return load_run_model(
+            run_dir, cfg, cfg.eval.checkpoint, device, averaged_count, use_ema(cfg)
+        )
     except CheckpointError as err:
         raise SystemExit(str(err)) from None
 

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.config import CONFIG_DIR, ModelConfig, differences, plain, reference_encoding
+from posenc.config import CONFIG_DIR, ModelConfig, plain, reference_encoding
+from posenc.config.identity import differences
 from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.model.encodings import encoding_factory
 from posenc.model.seq2seq import Seq2Seq
@@ -86,26 +87,32 @@ def checkpoint_path(run_dir: Path, which: str) -> Path:
 
 
 def load_run_model(
-    run_dir: Path, cfg: DictConfig, which: str, device: torch.device, average_last: int = 1
+    run_dir: Path,
+    cfg: DictConfig,
+    which: str,
+    device: torch.device,
+    average_last: int = 1,
+    ema: bool = False,
 ):
     """The tokenizer, the model, its step and its checkpoint's path, for a run directory at its
     ``best`` or ``last`` checkpoint; with ``average_last`` > 1, the weights averaged over its
-    newest ``average_last`` step checkpoints instead (the step and path are the newest one's).
+    newest ``average_last`` step checkpoints instead (the step and path are the newest one's);
+    with ``ema``, the EMA of the weights (``trainer.ema_decay``) that those checkpoints hold.
 
     Raises:
         CheckpointError: a checkpoint is missing or unreadable, was trained with other ``pe``,
-            ``model`` or ``tokenizer`` settings than ``cfg``'s, or its weights do not fit
-            (one line).
+            ``model`` or ``tokenizer`` settings than ``cfg``'s, holds no EMA when ``ema``, or
+            its weights do not fit (one line).
     """
     tokenizer = load_tokenizer(run_dir / "tokenizer")
     if average_last > 1:
         paths = averaging.last_step_checkpoints(run_dir / "checkpoints", average_last)
-        path, weights = paths[-1], averaging.averaged_weights(paths)
+        path, weights = paths[-1], averaging.averaged_weights(paths, ema)
         payload = checkpoint.load(path)
     else:
         path = checkpoint_path(run_dir, which)
         payload = checkpoint.load(path)
-        weights = payload["model"]
+        weights = checkpoint.model_weights(payload, path, ema)
     step = int(payload["state"]["step"])
     _check_trained_as(path, payload, cfg)
     model = build_model(

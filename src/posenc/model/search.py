@@ -30,11 +30,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """A finished translation: its token ids (without BOS and EOS) and its score, the sum of
-    the log-probabilities of the tokens and EOS divided by ``(len(tokens) + 1) ** lenpen``."""
+    """A finished translation: its token ids (without BOS and EOS), its score, the sum of the
+    log-probabilities of the tokens and EOS divided by ``(len(tokens) + 1) ** lenpen`` (what
+    ranks hypotheses), and that sum itself, ``log_prob`` (nan where it was not given)."""
 
     tokens: list[int]
     score: float
+    log_prob: float = math.nan
 
 
 @dataclass
@@ -164,8 +166,9 @@ def _finish(
         hypotheses = finished[sentences[n]]
         if len(hypotheses) < k:
             row = n * k + int(parents[n, c])
-            score = float(cand_scores[n, c]) / (step + 1) ** lenpen
-            hypotheses.append(Hypothesis(beams.tokens[row, 1:].tolist(), score))
+            log_prob = float(cand_scores[n, c])
+            score = log_prob / (step + 1) ** lenpen
+            hypotheses.append(Hypothesis(beams.tokens[row, 1:].tolist(), score, log_prob))
 
 
 def _growing(ends: Tensor, k: int) -> Tensor:

@@ -1,11 +1,12 @@
-"""The Seq2Seq model and its batched greedy decoding with a key/value cache. It holds token
-embeddings, ``nn.Transformer`` with posenc's stacks (see :mod:`posenc.model.transformer`) and the
-output head; beam search is in :mod:`posenc.model.search`."""
+"""The Seq2Seq model and its batched greedy decoding (or sampling) with a key/value cache. It
+holds token embeddings, ``nn.Transformer`` with posenc's stacks (see
+:mod:`posenc.model.transformer`) and the output head; beam search is in :mod:`posenc.model.search`
+and sampling's filters and draws in :mod:`posenc.model.sampling`."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -14,7 +15,8 @@ from posenc.config import ModelConfig
 from posenc.model.attention import first_calls
 from posenc.model.encodings.base import Site, StackEncoding
 from posenc.model.layers import Decoder, DecoderCache, Encoder
-from posenc.model.search import beam_search, max_lengths
+from posenc.model.sampling import Sampling
+from posenc.model.search import Hypothesis, beam_search, max_lengths
 from posenc.model.transformer import StackedTransformer
 
 
@@ -134,39 +136,84 @@ class Seq2Seq(nn.Module):
         use_cache: bool = True,
         beam_size: int = 1,
         lenpen: float = 1.0,
+        sampling: Sampling | None = None,
+        sentence_ids: Sequence[int] | None = None,
     ) -> list[list[int]]:
         """Translate ``src (B, Ls)``: batched greedy decoding when ``beam_size`` is 1, else the
         best hypothesis of :func:`~posenc.model.search.beam_search` under length penalty
-        ``lenpen``.
+        ``lenpen``; with ``sampling`` (and ``beam_size`` 1), each token is drawn as it says
+        (see :mod:`posenc.model.sampling`), row ``b`` with the draws of sentence
+        ``sentence_ids[b]`` (default: ``b``).
 
         Each row may produce at most ``max_len_a * source_length + max_len_b`` tokens (EOS
         included). With ``use_cache=False`` the decoder recomputes the whole prefix at every
         step (a reference for the cache). Returns token ids per row, without BOS and EOS.
         """
+        if sampling is not None and beam_size != 1:
+            raise ValueError(f"sampling draws one translation per row: beam_size={beam_size}")
         was_training = self.training
         self.eval()
         try:
             if beam_size == 1:
-                return self._greedy(src, max_len_a, max_len_b, use_cache)
+                return self._greedy(src, max_len_a, max_len_b, use_cache, sampling, sentence_ids)
             found = beam_search(self, src, beam_size, lenpen, max_len_a, max_len_b, use_cache)
             return [hypotheses[0].tokens for hypotheses in found]
         finally:
             self.train(was_training)
 
+    @torch.no_grad()
+    def nbest(
+        self,
+        src: Tensor,
+        nbest: int,
+        beam_size: int,
+        lenpen: float = 1.0,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        use_cache: bool = True,
+    ) -> list[list[Hypothesis]]:
+        """The ``nbest`` best hypotheses of :func:`~posenc.model.search.beam_search` of width
+        ``beam_size`` for each row of ``src (B, Ls)``, best first, each with its score and
+        summed log-probability (fewer where the search finished fewer); the first is what
+        :meth:`generate` returns."""
+        if not 1 <= nbest <= beam_size:
+            raise ValueError(f"nbest={nbest} must be in [1, beam_size={beam_size}]")
+        was_training = self.training
+        self.eval()
+        try:
+            found = beam_search(self, src, beam_size, lenpen, max_len_a, max_len_b, use_cache)
+            return [hypotheses[:nbest] for hypotheses in found]
+        finally:
+            self.train(was_training)
+
     def _greedy(
-        self, src: Tensor, max_len_a: float, max_len_b: int, use_cache: bool
+        self,
+        src: Tensor,
+        max_len_a: float,
+        max_len_b: int,
+        use_cache: bool,
+        sampling: Sampling | None = None,
+        sentence_ids: Sequence[int] | None = None,
     ) -> list[list[int]]:
-        """Greedy decoding of ``src (B, Ls)``; stops once every row has produced EOS."""
+        """Greedy decoding of ``src (B, Ls)``, or sampling as ``sampling`` says (row ``b`` with
+        the draws of sentence ``sentence_ids[b]``); stops once every row has produced EOS."""
         memory, src_pad = self.encode(src)
         limits = max_lengths(src_pad, max_len_a, max_len_b)
         batch = src.shape[0]
+        if sampling is not None:
+            ids = range(batch) if sentence_ids is None else sentence_ids
+            uniforms = sampling.uniforms(ids, limits)
         tokens = torch.full((batch, 1), self.bos_id, dtype=torch.long, device=src.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
         cache = DecoderCache() if use_cache else None
         for step in range(int(limits.max())):
             step_input = tokens[:, -1:] if use_cache else tokens
             logits = self.decode(step_input, memory, src_pad, cache)[:, -1]
-            next_token = logits.argmax(dim=-1)
+            if sampling is None:
+                next_token = logits.argmax(dim=-1)
+            else:
+                never = (self.pad_id, self.bos_id)
+                next_token = sampling.draw(logits, uniforms[:, step], never)
             next_token = torch.where(finished, torch.full_like(next_token, self.pad_id), next_token)
             next_token = torch.where(
                 ~finished & (step + 1 >= limits),

@@ -3,7 +3,9 @@ keeps the weights of its last N validations (``RUN/checkpoints/step_<step>.pt``,
 :func:`posenc.runtime.checkpoint.save_step`) and evaluation uses their average.
 
 Every floating-point tensor of the model state is averaged (summed in float64, then cast back
-to its own dtype); other tensors (integer buffers) are the newest checkpoint's.
+to its own dtype); other tensors (integer buffers) are the newest checkpoint's. With
+``eval.weights=ema`` the checkpoints' EMA weights (``trainer.ema_decay``) are averaged instead,
+the same way: the mean of the EMA at each of the last N validations.
 """
 
 from __future__ import annotations
@@ -33,18 +35,18 @@ def last_step_checkpoints(directory: Path, count: int) -> list[Path]:
     return found[-count:]
 
 
-def averaged_weights(paths: list[Path]) -> dict[str, Tensor]:
+def averaged_weights(paths: list[Path], ema: bool = False) -> dict[str, Tensor]:
     """The model state averaged over the checkpoints ``paths`` (oldest first), reading one at a
-    time.
+    time; with ``ema``, their EMA weights.
 
     Raises:
-        CheckpointError: a checkpoint is unreadable, or its tensors differ in name or shape
-            from the others'.
+        CheckpointError: a checkpoint is unreadable, holds no EMA when ``ema``, or its tensors
+            differ in name or shape from the others'.
     """
     sums: dict[str, Tensor] = {}
     newest: dict[str, Tensor] = {}
     for path in paths:
-        newest = checkpoint.load(path)["model"]
+        newest = checkpoint.model_weights(checkpoint.load(path), path, ema)
         _check_alike(path, paths[0], newest, sums)
         for name, tensor in newest.items():
             if tensor.is_floating_point():

@@ -210,6 +210,24 @@ def load(path: Path) -> dict[str, Any]:
     return state
 
 
+def model_weights(payload: dict[str, Any], path: Path, ema: bool = False) -> dict[str, Any]:
+    """The model state of the checkpoint ``payload`` (read from ``path``): its trained weights,
+    or with ``ema`` their EMA (``eval.weights=ema``).
+
+    Raises:
+        CheckpointError: ``ema`` and the checkpoint holds no EMA (one line naming the fix).
+    """
+    if not ema:
+        return payload["model"]
+    if not isinstance(payload.get("ema"), dict):
+        raise CheckpointError(
+            f"checkpoint {path} holds no EMA weights (eval.weights=ema): its run was trained "
+            "without trainer.ema_decay; score its own weights (eval.weights=raw), or train a run "
+            "with trainer.ema_decay=0.999 to keep them"
+        )
+    return payload["ema"]
+
+
 def step_checkpoints(directory: Path) -> list[Path]:
     """The ``step_<step>.pt`` weights in ``directory`` (see :func:`save_step`), oldest first."""
     found = []
@@ -221,12 +239,12 @@ def step_checkpoints(directory: Path) -> list[Path]:
 
 
 def save_step(payload: dict[str, Any], directory: Path, keep: int) -> Path:
-    """The model weights, training state and settings of ``payload`` (a training checkpoint)
-    as ``directory/step_<step>.pt``, written atomically, for checkpoint averaging; then only the
-    newest ``keep`` of these files are kept. They hold no optimizer state: resume from
-    ``last.pt``. Returns the path written."""
+    """The model weights (and their EMA, ``ema``, when training keeps one), training state and
+    settings of ``payload`` (a training checkpoint) as ``directory/step_<step>.pt``, written
+    atomically, for checkpoint averaging; then only the newest ``keep`` of these files are kept.
+    They hold no optimizer state: resume from ``last.pt``. Returns the path written."""
     path = directory / f"step_{payload['state']['step']}.pt"
-    kept = {key: payload[key] for key in ("model", "state", "config") if key in payload}
+    kept = {key: payload[key] for key in ("model", "ema", "state", "config") if key in payload}
     save_atomic(kept, path)
     for old in step_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)

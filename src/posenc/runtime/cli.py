@@ -11,13 +11,14 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
 
-from posenc.config import CONFIG_DIR, flatten
+from posenc.config import CONFIG_DIR, Setting, flatten
 
 #: the environment variable that shows the traceback of an unforeseen exception
 FULL_ERROR = "POSENC_FULL_ERROR"
@@ -57,36 +58,47 @@ def _first_line(err: BaseException) -> str:
 class Command:
     """A ``KEY=VALUE`` command line over a trained run: its name (``posenc.evaluation``), its
     own arguments (``run_dir``, ...: name -> what it is), which of them are required, what it
-    does and an example; every other ``KEY=VALUE`` overrides the run's saved config."""
+    does and an example; every other ``KEY=VALUE`` overrides the run's saved config. Its own
+    arguments are paths, but those in ``values`` (name -> the :class:`Setting` it accepts,
+    ``nbest``), which are read as YAML scalars and checked."""
 
     name: str
     own: dict[str, str]
     required: tuple[str, ...]
     summary: str
     example: str
+    values: dict[str, Setting] = field(default_factory=dict)
 
     @property
     def usage(self) -> str:
-        parts = [f"{k}=PATH" if k in self.required else f"[{k}=PATH]" for k in self.own]
+        parts = []
+        for k in self.own:
+            kind = "PATH" if k not in self.values else "N" if self.values[k].kind == "int" else "X"
+            parts.append(f"{k}={kind}" if k in self.required else f"[{k}={kind}]")
         return f"usage: python -m {self.name} {' '.join(parts)} [KEY=VALUE ...]"
 
     def help(self) -> str:
         """The text ``--help`` prints: usage, what it does, its own arguments, every setting of
         the run's config it may override with its default, and an example."""
         lines = [self.usage, "", *textwrap.wrap(self.summary, 96), "", "Arguments:"]
-        lines += [f"  {k}=  {what}" for k, what in self.own.items()]
+        for k, what in self.own.items():
+            lines += textwrap.wrap(
+                what, 96, initial_indent=f"  {k}=  ", subsequent_indent=" " * (len(k) + 5)
+            )
         lines += ["", "Overrides of the run's saved config (the defaults of configs/):"]
         lines += [f"  {key}={as_override(v)}" for key, v in overridable_defaults().items()]
         lines += ["", "Example:", f"  {self.example}"]
         return "\n".join(lines)
 
-    def read(self, args: list[str]) -> tuple[dict[str, Path], list[str]]:
-        """The command's own arguments (as paths) and the config overrides in ``args``.
+    def read(self, args: list[str]) -> tuple[dict[str, Any], list[str]]:
+        """The command's own arguments (paths, or the values of :attr:`values`) and the config
+        overrides in ``args``.
 
         Raises:
             SystemExit: status 0 after printing the help for ``-h``/``--help``; otherwise one
                 line: an argument that is not ``KEY=VALUE``, an unknown key (with the closest
-                known one), an argument given twice or empty, a required one missing.
+                known one), an argument given twice or empty, a required one missing, a value
+                its :class:`Setting` refuses.
         """
         if any(arg in ("-h", "--help") for arg in args):
             print(self.help())
@@ -99,7 +111,9 @@ class Command:
             bare = key.lstrip("+~")
             if not equals and not key.startswith("~"):
                 raise SystemExit(f"{self.name}: {arg!r} is not KEY=VALUE; {self.usage}")
-            if bare in self.own:
+            if bare in self.values:
+                paths[bare] = self._value(bare, value, paths)
+            elif bare in self.own:
                 if bare in paths or not value:
                     raise SystemExit(f"{self.name}: {bare}= must be given once, with a path")
                 paths[bare] = Path(value).expanduser()
@@ -113,6 +127,20 @@ class Command:
         if missing:
             raise SystemExit(f"{self.name}: {missing[0]}= is required; {self.usage}")
         return paths, overrides
+
+    def _value(self, key: str, text: str, given: dict[str, Any]) -> Any:
+        """``key=text`` read as a YAML scalar; SystemExit (one line) when it is given twice or
+        its :class:`Setting` refuses it."""
+        if key in given:
+            raise SystemExit(f"{self.name}: {key}= must be given once")
+        try:
+            value = yaml.safe_load(text) if text else None
+        except yaml.YAMLError:
+            value = text
+        accepts = self.values[key]
+        if not accepts.accepts(value):
+            raise SystemExit(f"{self.name}: {key}={text} must be {accepts.describe()}")
+        return value
 
 
 def as_override(value: Any) -> str:

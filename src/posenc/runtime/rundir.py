@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from posenc.config import digest, training_identity
+from posenc.config.identity import digest, training_identity
 from posenc.runtime.files import write_json
 from posenc.runtime.sinks import ScalarSink
 from posenc.runtime.tblog import RunLogger

@@ -329,6 +329,7 @@ SUMMARY = Fields(
         "train_tokens": INT,
         "train_tokens_per_s": NUMBER,
         "final_valid_loss": nullable(NUMBER),
+        "best_valid_bleu": nullable(NUMBER),
         "skipped_batches": INT,
         "stopped_early": BOOL,
         "validations_since_best": INT,
@@ -384,6 +385,7 @@ METRICS = Fields(
     optional={
         "checkpoint": STR,
         "averaged": ListOf(STR),
+        "weights": STR,
         "variants": MapOf(Fields({"pe": ANY_MAPPING, "splits": MapOf(SCORES)})),
         "train": SUMMARY,
     },

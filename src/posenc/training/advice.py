@@ -14,6 +14,10 @@ from posenc.training.start import TrainState
 RESUMABLE = ("last.pt", "previous.pt", "best.pt")
 
 
+class TrainingError(RuntimeError):
+    """Training cannot go on (a NaN loss, say); the message names the step and the way out."""
+
+
 def nan_loss(step_loss: float, step: int, checkpoints: Path) -> str:
     """What to do when the loss of optimizer step ``step`` is not finite
     (``trainer.nan_policy=stop``)."""

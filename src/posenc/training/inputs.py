@@ -29,6 +29,7 @@ class EncodedData:
     train_tgt: TokenColumn
     valid_src: list[list[int]]
     valid_tgt: list[list[int]]
+    valid_refs: list[str]  # the validation targets as text (validation BLEU's references)
 
 
 def encode_pairs(
@@ -77,5 +78,6 @@ def prepare(cfg: DictConfig, run_dir: Path | RunDir) -> tuple[Tokenizer, Encoded
         )
     if not len(train):
         raise ValueError("no training pairs left after tokenisation; raise trainer.max_positions")
-    valid_src, valid_tgt, _ = encode_pairs(tokenizer, validation_split(cfg.data))
-    return tokenizer, EncodedData(train.src, train.tgt, valid_src, valid_tgt)
+    valid = validation_split(cfg.data)
+    valid_src, valid_tgt, _ = encode_pairs(tokenizer, valid)
+    return tokenizer, EncodedData(train.src, train.tgt, valid_src, valid_tgt, valid.tgt)

@@ -46,26 +46,31 @@ from posenc.runtime.sinks import open_sinks
 from posenc.runtime.tblog import RunLogger
 from posenc.runtime.version import code_version
 from posenc.training import advice
+from posenc.training.advice import TrainingError
+from posenc.training.ema import WeightEMA, start_ema
 from posenc.training.inputs import EncodedData, prepare
 from posenc.training.interrupt import StopRequests, TrainingInterrupted, resume_command
-from posenc.training.losses import token_loss, validation_loss
+from posenc.training.losses import token_loss
 from posenc.training.optim import lr_factor, make_optimizer
 from posenc.training.start import (
     Start,
     TrainState,
     begin,
-    checkpoint_payload,
     find_start,
     rank_seed,
     repair_best,
 )
 from posenc.training.steplog import StepWindow, log_line
+from posenc.training.validation import (
+    Scorer,
+    ValidBleu,
+    check_best_metric,
+    save,
+    validate,
+    validated_at,
+)
 
 log = logging.getLogger("posenc.training.loop")
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (a NaN loss, say); the message names the step and the way out."""
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -76,6 +81,11 @@ def check_config(cfg: DictConfig) -> None:
     if t.max_steps is None and t.max_time is None:
         raise ValueError("set a budget: trainer.max_steps and/or trainer.max_time (seconds)")
     lr_factor(t.schedule, t.warmup_steps, t.max_steps or 100_000, t.min_lr_ratio)
+    if cfg.eval.get("weights") == "ema" and t.get("ema_decay") is None:
+        raise ValueError(
+            "eval.weights=ema scores the EMA of the weights, which training keeps only with "
+            "trainer.ema_decay: set it (e.g. trainer.ema_decay=0.999) or drop eval.weights=ema"
+        )
     try:
         model = build_model(cfg, vocab_size=8, pad_id=0, bos_id=1, eos_id=2)
         with torch.no_grad():
@@ -105,8 +115,10 @@ class Training:
     progress: tqdm
     world: int
     saved_step: int  # the step of the newest checkpoint
+    valid_bleu: ValidBleu | None = None  # trainer.valid_bleu's subset and scorer
     window: StepWindow = field(default_factory=StepWindow)
     skipped_in_a_row: int = 0  # batches skipped in a row since the last step (nan_policy=skip)
+    ema: WeightEMA | None = None  # trainer.ema_decay's EMA of the weights (rank 0 only)
 
     def budget_spent(self) -> bool:
         """The step or time budget is spent, or early stopping ended the run."""
@@ -115,9 +127,15 @@ class Training:
         )
 
 
-def train(cfg: DictConfig, run_dir: Path | RunDir, start: Start | None = None) -> dict[str, Any]:
+def train(
+    cfg: DictConfig,
+    run_dir: Path | RunDir,
+    start: Start | None = None,
+    scorer: Scorer | None = None,
+) -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; returns the training summary. ``start`` is
-    :func:`find_start`'s answer when the caller has it already.
+    :func:`find_start`'s answer when the caller has it already; ``scorer`` decodes and scores
+    the validation subset of ``trainer.valid_bleu`` (:mod:`posenc.training.validation`).
 
     Under torchrun every rank calls this; rank 0 alone writes to ``run_dir``; the caller of a
     :class:`RunDir` closes its logger.
@@ -130,21 +148,27 @@ def train(cfg: DictConfig, run_dir: Path | RunDir, start: Start | None = None) -
     stop = StopRequests()
     try:
         with stop.installed(), logging_redirect_tqdm():
-            return _train(cfg, directory, start, stop)
+            return _train(cfg, directory, start, stop, scorer)
     finally:
         if directory is not run_dir:  # opened here: its logger closes here
             directory.close()
 
 
-def _train(cfg: DictConfig, directory: RunDir, start: Start | None, stop: StopRequests) -> dict:
-    run = set_up(cfg, directory, start)
+def _train(
+    cfg: DictConfig,
+    directory: RunDir,
+    start: Start | None,
+    stop: StopRequests,
+    scorer: Scorer | None,
+) -> dict:
+    run = set_up(cfg, directory, start, scorer)
     for group in step_groups(run):
         if take_step(run, group) and run.state.step % run.trainer.valid_every == 0:
             validate(run)
         signum = int(distributed.all_reduce([float(stop.signum or 0)], run.device, "max")[0])
         if signum:  # every rank stops after the same step
             raise interrupted(run, signum)
-    unvalidated = run.logger is not None and not _validated_at(run.state, run.state.step)
+    unvalidated = run.logger is not None and not validated_at(run.state, run.state.step)
     if distributed.all_reduce([float(unvalidated)], run.device, "max")[0]:  # rank 0 decides
         validate(run)
     return finish(run)
@@ -171,11 +195,14 @@ def interrupted(run: Training, signum: int) -> TrainingInterrupted:
     )
 
 
-def set_up(cfg: DictConfig, run_dir: RunDir, start: Start | None) -> Training:
+def set_up(
+    cfg: DictConfig, run_dir: RunDir, start: Start | None, scorer: Scorer | None = None
+) -> Training:
     """Check the config, then build everything a run needs, restored from ``start`` (found here
     when None): device, data, tokenizer, model, optimizer and schedule, batches, logger."""
     check_config(cfg)
     trainer = TrainerConfig.of(cfg.trainer)
+    check_best_metric(trainer, scorer)
     if start is None:
         start = find_start(cfg, run_dir)
     main, rank, world = distributed.is_main(), distributed.rank(), distributed.world_size()
@@ -204,6 +231,7 @@ def set_up(cfg: DictConfig, run_dir: RunDir, start: Start | None) -> Training:
         ),
     )
     state = begin(start, model, optimizer, scheduler, trainer, world)
+    ema = start_ema(trainer, model, start) if main else None
     if main:
         repair_best(start, state, run_dir)
     if rank > 0:
@@ -254,12 +282,16 @@ def set_up(cfg: DictConfig, run_dir: RunDir, start: Start | None) -> Training:
         trained=trained,
         optimizer=optimizer,
         scheduler=scheduler,
+        ema=ema,
         state=state,
         batcher=batcher,
         logger=_open_logger(cfg, run_dir, state) if main else None,
         progress=progress,
         world=world,
         saved_step=state.step,
+        valid_bleu=ValidBleu.of(scorer, data.valid_src, data.valid_refs, trainer.valid_bleu)
+        if scorer is not None and trainer.valid_bleu
+        else None,
     )
 
 
@@ -345,6 +377,8 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
         )
     run.optimizer.step()
     run.scheduler.step()
+    if run.ema is not None:
+        run.ema.update(state.step + 1)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = distributed.all_reduce([time.perf_counter() - started], device, "max")[0]
@@ -387,82 +421,6 @@ def _report(run: Training, grad_norm: float | None) -> None:
     )
 
 
-def validate(run: Training) -> None:
-    """Rank 0 computes the validation loss, logs it and checkpoints (``best.pt`` too when it is
-    the best so far); the other ranks wait, so no rank counts this wait as training time. A loss
-    that is not finite saves nothing and raises :class:`TrainingError` on every rank."""
-    state, loss = run.state, 0.0
-    if run.logger is not None:
-        loss = validation_loss(
-            run.model,
-            run.data.valid_src,
-            run.data.valid_tgt,
-            run.tokenizer,
-            run.trainer.max_tokens,
-            run.device,
-            run.amp,
-        )
-    loss = distributed.all_reduce([loss], run.device)[0]  # rank 0's loss, on every rank
-    if not math.isfinite(loss):
-        raise TrainingError(advice.nan_validation(loss, state.step, run.run_dir.checkpoints))
-    if run.logger is not None:
-        best = loss < state.best_valid_loss
-        state.best_step = state.step if best else state.best_step
-        state.best_valid_loss = min(loss, state.best_valid_loss)
-        state.validations_since_best = 0 if best else state.validations_since_best + 1
-        state.history.append(
-            {"step": state.step, "seconds": state.train_seconds, "valid_loss": loss}
-        )
-        run.logger.scalars(state.step, {"valid/loss": loss})
-        run.logger.against_time("valid_loss", loss, state.train_seconds)
-        run.logger.writer.flush()
-        save(run, best)
-        log.info(
-            "step %d: valid loss %.4f%s",
-            state.step,
-            loss,
-            " (best)" if best else f" (best {state.best_valid_loss:.4f})",
-        )
-    _stop_early(run)
-    distributed.barrier()
-
-
-def _stop_early(run: Training) -> None:
-    """With ``trainer.patience=N``, end training once N validations in a row have not improved
-    on the best validation loss (rank 0 decides; every rank learns it)."""
-    state, patience = run.state, run.trainer.patience
-    worse = float(state.validations_since_best) if run.logger is not None else 0.0
-    worse = distributed.all_reduce([worse], run.device, "max")[0]
-    if patience and worse >= patience and not state.stopped_early:
-        state.stopped_early = True
-        if run.logger is not None:
-            log.info(
-                "early stop at step %d: %d validations without improving on the best "
-                "validation loss %.4f (trainer.patience=%d)",
-                state.step,
-                patience,
-                state.best_valid_loss,
-                patience,
-            )
-
-
-def save(run: Training, best: bool) -> None:
-    """``last.pt`` (the one before kept as ``previous.pt``), and ``best.pt`` when ``best`` (a
-    hard link of that ``last.pt``); with ``eval.average_last=N`` > 1 and a validated step also
-    the weights as ``step_<step>.pt``, the newest N kept (evaluation averages them). Weights
-    that are not all finite are never saved: :class:`TrainingError` naming the step."""
-    if not checkpoint.all_finite(run.model.state_dict()):
-        raise TrainingError(advice.nan_weights(run.state.step, run.run_dir.checkpoints))
-    run.saved_step = run.state.step
-    payload = checkpoint_payload(run.model, run.optimizer, run.scheduler, run.state, run.cfg)
-    checkpoint.save_atomic(payload, run.run_dir.last, keep_previous=True)
-    if best:
-        checkpoint.link_over(run.run_dir.last, run.run_dir.best)
-    keep = run.cfg.eval.get("average_last", 1)
-    if keep > 1 and _validated_at(run.state, run.state.step):
-        checkpoint.save_step(payload, run.run_dir.checkpoints, keep)
-
-
 def finish(run: Training) -> dict[str, Any]:
     """Mark the run finished, warn about what makes it hard to read, and (rank 0) save the
     final checkpoint and ``train_summary.json``; returns the summary."""
@@ -476,6 +434,7 @@ def finish(run: Training) -> dict[str, Any]:
         "train_tokens": state.tokens,
         "train_tokens_per_s": round(state.tokens / max(state.train_seconds, 1e-9), 1),
         "best_valid_loss": state.best_valid_loss,
+        "best_valid_bleu": state.best_valid_bleu,
         "final_valid_loss": state.history[-1]["valid_loss"] if state.history else None,
         "skipped_batches": state.skipped_batches,
         "stopped_early": state.stopped_early,
@@ -496,7 +455,3 @@ def finish(run: Training) -> dict[str, Any]:
         run.logger.writer.flush()
     distributed.barrier()  # the others leave once rank 0 has saved the final checkpoint
     return summary
-
-
-def _validated_at(state: TrainState, step: int) -> bool:
-    return bool(state.history) and state.history[-1]["step"] == step

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.config import TrainerConfig, differences, paste
+from posenc.config import TrainerConfig, paste
+from posenc.config.identity import differences
 from posenc.runtime import checkpoint
 from posenc.runtime.rundir import RunDir, as_run_dir
 
@@ -37,10 +38,13 @@ class Start:
     fine_tune: bool = False
 
 
-def checkpoint_payload(model, optimizer, scheduler, state: TrainState, cfg: DictConfig) -> dict:
-    """Everything a resume needs, as tensors and plain values only (weights-only loadable)."""
+def checkpoint_payload(
+    model, optimizer, scheduler, state: TrainState, cfg: DictConfig, ema=None
+) -> dict:
+    """Everything a resume needs, as tensors and plain values only (weights-only loadable);
+    with ``ema`` (a :class:`posenc.training.ema.WeightEMA`) its weights too, as ``ema``."""
     name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
-    return {
+    payload = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
@@ -52,6 +56,9 @@ def checkpoint_payload(model, optimizer, scheduler, state: TrainState, cfg: Dict
         },
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
+    if ema is not None:
+        payload["ema"] = ema.state_dict()
+    return payload
 
 
 def does_not_fit(path: Path, err: Exception) -> checkpoint.CheckpointError:
@@ -136,6 +143,7 @@ class TrainState:
     stopped_early: bool = False  # trainer.patience ended the run
     world_size: int = 1  # processes that trained together (batch_in_epoch counts one's batches)
     best_step: int | None = None  # the step of the best validation (None: none yet, or older run)
+    best_valid_bleu: float | None = None  # trainer.valid_bleu's best BLEU (None: off, none yet)
     history: list[dict[str, float]] = field(default_factory=list)
 
 

@@ -8,13 +8,13 @@ keys never get this far: Hydra composes configs in struct mode and refuses
 ``trainer.max_stepz=5`` itself. Keys absent from the config are not checked here (a group
 without them fails where they are used), and the encodings check their own ``pe`` settings.
 
-Identity. Resuming continues training *the same model*: a checkpoint written with other ``pe``,
-``model`` or ``tokenizer`` settings would otherwise go on training and label its results with
-the new settings. Paths (a vocabulary file's location) are not part of that identity, so a moved
-run directory still resumes. A run *directory* holds one training identity (every setting but
-budgets, run control and the evaluation's, paths as the real paths they name) and its
-evaluation one evaluation identity (the ``eval`` settings): a result is never returned for
-settings it was not made with.
+Identity (:mod:`posenc.config.identity`). Resuming continues training *the same model*: a
+checkpoint written with other ``pe``, ``model`` or ``tokenizer`` settings would otherwise go on
+training and label its results with the new settings. Paths (a vocabulary file's location) are
+not part of that identity, so a moved run directory still resumes. A run *directory* holds one
+training identity (every setting but budgets, run control and the evaluation's, paths as the
+real paths they name) and its evaluation one evaluation identity (the ``eval`` settings): a
+result is never returned for settings it was not made with.
 
 Overrides to paste. Run directories are named by their overrides (``pe=rope,seed=1``), and
 Hydra's override parser rejects ``=`` and ``,`` in an unquoted value, so a path is printed
@@ -23,18 +23,15 @@ quoted twice: in single quotes for Hydra and the whole override in double quotes
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 #: the repository's Hydra configs (``configs/``)
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
 
 #: settings that change how or where a run executes, never what it computes: runs that differ only
 #: in these are the same system (the report groups them as seeds of one encoding)
@@ -87,8 +84,8 @@ class Setting:
     Attributes:
         kind: ``int``, ``number`` (int or float), ``bool``, ``str``, ``pair`` (two numbers),
             ``list`` or ``mapping``.
-        low, high: inclusive bounds for numbers (``None`` = unbounded); ``high_open`` excludes
-            ``high``; for a list, ``low`` is its fewest items.
+        low, high: inclusive bounds for numbers (``None`` = unbounded); ``low_open`` excludes
+            ``low`` and ``high_open`` excludes ``high``; for a list, ``low`` is its fewest items.
         optional: whether ``null`` is accepted.
         choices: the accepted strings, for ``str`` settings with a fixed set of values.
     """
@@ -98,6 +95,7 @@ class Setting:
     high: float | None = None
     high_open: bool = False
     optional: bool = False
+    low_open: bool = False
     choices: tuple[str, ...] = ()
 
     def describe(self) -> str:
@@ -117,9 +115,10 @@ class Setting:
         else:
             text = "an integer" if self.kind == "int" else "a number"
             if self.low is not None and self.high is not None:
-                text += f" in [{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
+                text += f" in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
+                text += ")" if self.high_open else "]"
             elif self.low is not None:
-                text += f" >= {_num(self.low)}"
+                text += f" {'>' if self.low_open else '>='} {_num(self.low)}"
         return text + (" or null" if self.optional else "")
 
     def check(self, key: str, value: Any) -> None:
@@ -151,7 +150,7 @@ class Setting:
             return False
         if not math.isfinite(value):
             return False
-        if self.low is not None and value < self.low:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
         if self.high is None:
             return True
@@ -273,6 +272,13 @@ class TrainerConfig(ConfigGroup):
     progress: bool = setting("bool")
     compile: bool = setting("bool", default=False)
     patience: int | None = setting("int", low=1, optional=True, default=None)
+    valid_bleu: int | None = setting("int", low=1, optional=True, default=None)
+    best_metric: str | None = setting("str", optional=True, choices=("loss", "bleu"), default=None)
+    # an EMA of the weights (posenc.training.ema); null = off, so earlier runs keep their identity
+    ema_decay: float | None = setting(
+        "number", low=0, high=1, low_open=True, high_open=True, optional=True, default=None
+    )
+    ema_start: int | None = setting("int", low=0, optional=True, default=None)
 
     def budget_spent(self, steps: int, seconds: float) -> bool:
         """Whether ``steps`` optimizer steps and ``seconds`` of training spend the budget
@@ -303,6 +309,46 @@ class EvalConfig(ConfigGroup):
     beam_size: int = setting(**POSITIVE, default=1)
     lenpen: float = setting("number", default=1.0)
     average_last: int = setting(**POSITIVE, default=1)
+    # sampling instead of greedy decoding; null (off) by default, so that the evaluation identity
+    # of every evaluation made before these settings existed stays as it was
+    sampling: bool | None = setting("bool", optional=True, default=None)
+    top_k: int | None = setting("int", low=1, optional=True, default=None)
+    top_p: float | None = setting(
+        "number", low=0, high=1, low_open=True, optional=True, default=None
+    )
+    temperature: float | None = setting("number", low=0, low_open=True, optional=True, default=None)
+    seed: int | None = setting("int", low=0, optional=True, default=None)
+    # the weights scored: the trained ones (raw; null, so earlier evaluations keep their
+    # identity) or their EMA (ema, from a run trained with trainer.ema_decay)
+    weights: str | None = setting("str", optional=True, choices=("raw", "ema"), default=None)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_decoding(vars(self))
+
+
+#: the ``eval`` settings that only sampling reads
+SAMPLING_KEYS = ("top_k", "top_p", "temperature", "seed")
+
+
+def check_decoding(values: Mapping[str, Any]) -> None:
+    """Refuse ``eval`` settings (a plain mapping; absent keys take their defaults) that do not
+    go together, in one line: sampling with a beam (``eval.sampling=true`` draws one
+    translation per sentence), or a sampling setting without ``eval.sampling=true``."""
+    beam = values.get("beam_size", 1)
+    if values.get("sampling"):
+        if beam != 1:
+            raise ValueError(
+                f"eval.sampling=true draws one translation per sentence, not a beam: it needs "
+                f"eval.beam_size=1 (not {beam})"
+            )
+        return
+    given = [key for key in SAMPLING_KEYS if values.get(key) is not None]
+    if given:
+        raise ValueError(
+            f"eval.{given[0]}={values[given[0]]} is a sampling setting: set eval.sampling=true "
+            f"too, or leave eval.{given[0]} null"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -374,24 +420,14 @@ def _lookup(cfg: Mapping, dotted: str) -> tuple[bool, Any]:
 
 def check_types(cfg: Mapping) -> None:
     """Raise ``ValueError`` (one line) for the first setting of :data:`SETTINGS` in ``cfg`` (a
-    plain, resolved dict) whose value does not fit."""
+    plain, resolved dict) whose value does not fit, or for ``eval`` settings that do not go
+    together (:func:`check_decoding`)."""
     for key, setting in SETTINGS.items():
         present, value = _lookup(cfg, key)
         if present:
             setting.check(key, value)
-
-
-# ---------------------------------------------------------------- identity
-
-IDENTITY_GROUPS = ("pe", "model", "tokenizer")
-PATH_KEYS = frozenset({"tokenizer.vocab_file"})
-#: settings that bound how long a run trains, not what it computes: raising one continues the
-#: same run in the same directory
-BUDGET_KEYS = frozenset({"trainer.max_steps", "trainer.max_time", "trainer.patience"})
-#: settings that name a file or directory: part of a run's identity as the real path they name
-FILE_SETTINGS = frozenset({"data.dir", "tokenizer.vocab_file", "trainer.init_from"})
-#: evaluation settings that change nothing an evaluation reports
-EVAL_RUN_CONTROL = frozenset({"eval.enabled", "eval.bertscore.batch_size"})
+    if isinstance(cfg.get("eval"), Mapping):
+        check_decoding(cfg["eval"])
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -402,77 +438,6 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
             flat.update(flatten(value, f"{prefix}{key}."))
         return flat
     return {prefix[:-1]: node} if prefix else {}
-
-
-def identity(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The flattened ``pe.*``, ``model.*`` and ``tokenizer.*`` settings of a plain config; one
-    that is null or an empty mapping is left out, as if absent (see :func:`training_identity`),
-    so a checkpoint from before a setting with such a default still loads."""
-    flat = flatten({group: config.get(group, {}) for group in IDENTITY_GROUPS})
-    return {key: value for key, value in _present(flat).items() if key not in PATH_KEYS}
-
-
-def _real_path(value: Any) -> Any:
-    return os.path.realpath(os.path.expanduser(value)) if isinstance(value, str) else value
-
-
-def training_identity(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Every flattened setting of a plain config that changes what training computes: all but
-    run control (:data:`RUN_CONTROL_KEYS`, the seed excepted), budgets (:data:`BUDGET_KEYS`),
-    the evaluation (``eval.*``, see :func:`evaluation_identity`), the loggers and Hydra's own;
-    a path as the real path it names. Two runs with the same training identity train the same
-    model, so they share a run directory. A setting that is null or an empty mapping is left
-    out, as if absent: a setting added later with such a default (off) leaves the identity of
-    earlier runs, and their directory names, as they were."""
-    skipped = (RUN_CONTROL_KEYS - {"seed"}) | BUDGET_KEYS
-    return {
-        key: _real_path(value) if key in FILE_SETTINGS else value
-        for key, value in _present(flatten(plain(config))).items()
-        if key not in skipped and not key.startswith(("eval.", "logger.", "hydra."))
-    }
-
-
-def _present(settings: dict[str, Any]) -> dict[str, Any]:
-    """``settings`` without those that are null or an empty mapping (what a setting added
-    later defaults to when it is off)."""
-    return {
-        k: v
-        for k, v in settings.items()
-        if v is not None and not (isinstance(v, Mapping) and not v)
-    }
-
-
-def evaluation_identity(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The flattened ``eval.*`` settings of a plain config that change what an evaluation
-    reports (all but :data:`EVAL_RUN_CONTROL`; null and empty ones left out as in
-    :func:`training_identity`)."""
-    return {
-        key: value
-        for key, value in _present(flatten({"eval": plain(config).get("eval", {})})).items()
-        if key not in EVAL_RUN_CONTROL
-    }
-
-
-def digest(settings: Mapping[str, Any]) -> str:
-    """Eight hex digits that change with any of ``settings`` (a flat mapping)."""
-    text = json.dumps(dict(settings), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def differences(
-    saved: Mapping[str, Any],
-    current: Mapping[str, Any],
-    of: Callable[[Mapping[str, Any]], dict[str, Any]] = identity,
-) -> list[str]:
-    """``key=saved (now current)`` for every setting of ``of`` (default :func:`identity`) that
-    differs, names first."""
-    old, new = of(saved), of(current)
-    keys = sorted(set(old) | set(new), key=lambda k: (not k.endswith(".name"), k))
-    return [
-        f"{key}={old.get(key, '<unset>')} (now {new.get(key, '<unset>')})"
-        for key in keys
-        if old.get(key, "<unset>") != new.get(key, "<unset>")
-    ]
 
 
 # ---------------------------------------------------------------- overrides to paste
