@@ -266,4 +266,6 @@ def _save_attention_example(
         out_dir / "attention.png",
     )
     if log_to is not None:
-        log_to.logger(resume_step=step, resume_seconds=1e12).image("attention/layer0", image, step)
+        log_to.logger(resume_step=step, resume_seconds=1e12).image(
+            "views/attention_layer0", image, step
+        )
