@@ -1,9 +1,9 @@
-"""Dropout whose random mask costs an eighth of ``torch.nn.Dropout``'s on a CPU.
+"""Dropout with a cheaper random mask than ``torch.nn.Dropout``'s on a CPU.
 
 On a CPU, ``nn.Dropout`` draws one Bernoulli sample per element from torch's sequential
-Mersenne-Twister generator (``bernoulli_``): at the CPU model's shape that was about 15% of a
-training step. Here one 64-bit draw (``random_`` over the full int64 range: every bit uniform)
-gives the keep decision of four elements, each a 16-bit uniform integer compared with a
+Mersenne-Twister generator (``bernoulli_``), a sizeable share of a small model's training step.
+Here one 64-bit draw (``random_`` over the full int64 range: every bit uniform) gives the keep
+decision of four elements, each a 16-bit uniform integer compared with a
 threshold, so ``p`` is applied as ``round(p * 65536) / 65536`` (0.1 becomes 0.100006) and the
 kept elements are scaled by the inverse of the exact keep probability: the output's expectation
 is the input, as with ``nn.Dropout``. The mask is kept as booleans for the backward pass. On

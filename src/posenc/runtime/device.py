@@ -106,7 +106,6 @@ def keep_freed_memory() -> bool:
     By default glibc maps every allocation above 32 MiB afresh and unmaps it when it is freed, so
     a training step's large temporaries (the logits of a 4,096-token batch over an 8,000-type
     vocabulary are 131 MB, with as much again for their log-softmax and gradient) are faulted in
-    page by page at every step: measured at about a fifth of a CPU training step (0.78 s -> 0.62
-    s at the benchmark's shape). With this the process keeps its peak memory instead of returning
-    it between steps."""
+    page by page at every step, a measurable share of a CPU training step. With this the process
+    keeps its peak memory instead of returning it between steps."""
     return tune_malloc(1 << 30, 1 << 31)

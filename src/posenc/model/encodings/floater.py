@@ -28,38 +28,12 @@ self-attention layer (ODE biases at the token's position). Cross-attention stays
 and target positions share no axis (the authors' code also biases it, from two more flows).
 Absolute positions need no causal form: the encoder uses the decoder's form unchanged.
 
-Solver and cost: :func:`torchdiffeq.odeint` with ``method="rk4"`` (torchdiffeq's 3/8-rule RK4)
-on the grid ``t_i`` itself, one step per position, once per forward in :meth:`context`, up to
-the largest position of the call; all layers read their biases from that one solve. A
-sequence of ``L`` tokens costs ``4 (L - 1)`` evaluations of ``h`` on the ``(3N, d)`` state,
-each ``~4 * 3N * d * hidden`` FLOPs: linear in ``L``, independent of the batch, and
-latency-bound (sequential small ops). It stays bounded because the step is fixed: an adaptive
-solver (dopri5) would take as many steps as a stiffening ``h`` asks for. The authors take 5 RK4
-sub-steps per position; at ``step = 0.01`` these change the positions by about 4e-7 of their
-scale (measured at initialisation, ``d = 128``, up to ``L = 1024``: a few float32 ulps; ``h``'s
-ReLU kinks keep the error above RK4's ``O(step^5)``), so one step per position is kept, a fifth
-of the cost. Gradients come from backpropagating through the solver's steps (``odeint``, not
-``odeint_adjoint``): the exact gradient of the computed positions, for about 5 MB of saved
-tensors per stack (``model=small``, ``L = 128``); the adjoint would save that memory by
-integrating a second ODE backwards, at twice the solver cost, and would return the gradient of
-the continuous solution, which differs from the computed one by the solver's error. The
-authors refresh the trajectory only every 400 updates and train ``h`` on those alone; here
-every forward solves it, so ``h`` gets its gradient at every step. The solve runs in float32
-(float64 for a float64 model) with autocast off: a recurrence over thousands of steps should
-not round to bfloat16 at each one. Past the training lengths the positions follow the learned
-dynamics wherever they lead: at initialisation (``d = 128``) the state moves by about 0.4 over
-128 positions and by about 500 over 1024.
-
-Incremental decoding: the trajectory at ``t_i`` depends only on the steps before it on the fixed
-grid, not on how far the solve goes, so a decoding call takes the trajectory ``0..m`` (``m`` its
-newest position), adds the biases of its new tokens to their q and k before they are cached,
-and adds the value biases of every cached position at attention time (values are cached without
-them). This equals full recomputation exactly. Solved from 0 at every step, ``M`` generated
-tokens would cost ``~2 M^2`` evaluations of ``h``; instead, without autograd, the stack keeps
-its last trajectory while its parameters are unchanged (same storage and version) and only
-extends it, from its last state on the same grid (bitwise the solve from 0): a decoding step
-costs one RK4 step, and a decoded sentence ``4 (M - 1)`` evaluations, as its teacher-forced
-forward. With autograd nothing is kept: training solves at every forward.
+Solver and cost: :func:`torchdiffeq.odeint` with ``method="rk4"`` on the grid ``t_i`` itself,
+one step per position, once per forward in :meth:`context`, up to the largest position of the
+call, shared by all layers; gradients backpropagate through the solver's steps, in float32
+(float64 for a float64 model) with autocast off. Why one step per position, why not the adjoint
+or an adaptive solver, and what the trajectory does past the training lengths (with the
+measurements behind each choice): ``docs/encodings/floater.md``.
 """
 
 from __future__ import annotations
