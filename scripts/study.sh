@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 27's study on a 2-core CPU, one stage after another, two single-threaded jobs at a time:
-#   compare    every configs/pe/*.yaml (ALiBi and KERPLE in their default forms), the
-#              symmetric encoder form of alibi and kerple and the VARIANTS below; seed 0 for
+#   compare    every configs/pe/*.yaml (ALiBi and KERPLE in their default forms) and the
+#              VARIANTS below (the symmetric encoder forms among them); seed 0 for
 #              all, then seed 1, then seed 2 (partial results stay balanced across encodings)
 #   beam5      a standalone beam-5 evaluation of every finished compare run
 #   extrap     experiment=extrapolation, the same encodings and seeds, EXTRAP_VARIANTS and
@@ -31,6 +31,9 @@ common=(threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=2 trainer.progress
 
 # compare's options worth comparing (issue 29), each beside its encoding's default form
 VARIANTS=(
+  "pe=alibi pe.encoder_bias=symmetric"       # the symmetric encoder forms, as variants (one
+  "pe=kerple pe.encoder_bias=symmetric"      #   encoding per call: a multirun over pe=a,b cannot
+                                             #   override a key the default pe lacks)
   "pe=rope pe.rotary_fraction=0.5"           # partial rotation (transformers' partial_rotary_factor)
   "pe=rope pe.rope_proportion=0.75"          # p-RoPE (Barbero et al. 2025)
   "pe=rope pe.cross_attention=rotated"       # RoPE in cross-attention too (x-transformers' context_pos)
@@ -85,8 +88,6 @@ for stage in $STAGES; do
     compare)
       for seed in $SEEDS; do
         bounded $PY train.py -m experiment=compare "seed=$seed" "${common[@]}"
-        bounded $PY train.py -m experiment=compare pe=alibi,kerple pe.encoder_bias=symmetric \
-          "seed=$seed" "${common[@]}"
         for variant in "${VARIANTS[@]}"; do  # one option of one encoding per call
           # shellcheck disable=SC2086  # a variant is several overrides
           bounded $PY train.py -m experiment=compare $variant "seed=$seed" "${common[@]}"
