@@ -21,7 +21,14 @@ from posenc.analysis.report.benchtime import add_bench_curves, bench_step_second
 from posenc.analysis.report.build import build_report, main, scores_summary
 from posenc.analysis.report.curves import kendall_tau, rankings_at_last_validations
 from posenc.analysis.report.render import SECTIONS, Table, slug
-from posenc.analysis.report.runs import ReportError, Run, load_run, read_curves, reference_of
+from posenc.analysis.report.runs import (
+    ReportError,
+    Run,
+    group_runs,
+    load_run,
+    read_curves,
+    reference_of,
+)
 from posenc.analysis.report.sections_by_encoding import setup_groups
 from posenc.analysis.report.sections_by_split import SEEDS_COLUMN
 from posenc.analysis.report.stats import bucket_position, length_limits, mean_std
@@ -332,6 +339,20 @@ def test_setup_groups_take_the_first_dotted_component():
         "model": ["d_model=8"],
         "data": ["clean.max_words=80"],
     }
+
+
+def test_a_variant_is_labelled_by_where_it_leaves_the_encodings_default():
+    """A run saved before a setting existed (no key) and one with its null default are the same
+    system, named by the encoding alone; a variant names only the setting it changes."""
+    default = {"pe.name": "rope", "pe.rotary_fraction": 1.0, "seed": 0}
+    runs = [
+        Run("old", Path("old"), default),
+        Run("new", Path("new"), {**default, "pe.rope_proportion": None, "seed": 1}),
+        Run("half", Path("half"), {**default, "pe.rotary_fraction": 0.5}),
+        Run("p", Path("p"), {**default, "pe.rope_proportion": 0.75}),
+    ]
+    labels = [group.label for group in group_runs(runs)]
+    assert labels == ["rope", "rope (pe.rotary_fraction=0.5)", "rope (pe.rope_proportion=0.75)"]
 
 
 def test_length_limits_are_the_declared_keys_with_finite_values():

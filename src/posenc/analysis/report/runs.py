@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from posenc.config import RUN_CONTROL_KEYS, flatten, reference_encoding
+from posenc.config import CONFIG_DIR, RUN_CONTROL_KEYS, flatten, reference_encoding
 from posenc.runtime.untrusted import (
     INT,
     Fields,
@@ -309,9 +309,19 @@ def _value_key(value: Any) -> str:
 
 
 def differing_keys(runs: Sequence[Run]) -> list[str]:
-    """Config keys, sorted, whose value (or presence) is not the same in every run."""
+    """Config keys, sorted, whose value is not the same in every run; a null setting counts
+    as absent (as in run identity: a setting added later with a null default changes nothing)."""
     keys = sorted({k for r in runs for k in r.config})
-    return [k for k in keys if len({_value_key(r.config.get(k, "<unset>")) for r in runs}) > 1]
+    return [k for k in keys if len({_value_key(r.config.get(k)) for r in runs}) > 1]
+
+
+def pe_defaults(pe: str, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
+    """The flattened ``pe.*`` settings of ``configs/pe/PE.yaml`` (empty for a name that is no
+    YAML there: a run directory's encoding name is never a path)."""
+    known = {p.stem: p for p in (config_dir / "pe").glob("*.yaml")}
+    if pe not in known:
+        return {}
+    return flatten({"pe": OmegaConf.to_container(OmegaConf.load(known[pe]))})
 
 
 def _is_variant_key(key: str) -> bool:
@@ -322,7 +332,9 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
     """Group runs by encoding; settings other than run control (``RUN_CONTROL_KEYS``: the seed,
     the device, ...) that differ between the healthy runs (a model size, say) make separate
     groups, labelled ``pe (key=value, ...)``, and so do ``pe.*`` settings that differ between
-    runs of the same encoding (an encoder form, say). Sets each run's ``label``; the groups come
+    runs of the same encoding (an encoder form, say), named where a run leaves the encoding's
+    ``configs/pe`` default (so the default form is labelled by its name alone). Sets each
+    run's ``label``; the groups come
     in the order of their first run, each group's runs by seed."""
     healthy = [r for r in runs if r.status != FAILED]
     variant_keys = [k for k in differing_keys(healthy) if _is_variant_key(k)]
@@ -334,10 +346,13 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
         ]
         for pe in {r.pe for r in runs}
     }
+    defaults = {pe: pe_defaults(pe) for pe in pe_keys}
     groups: dict[str, Group] = {}
     for run in runs:
-        keys = pe_keys.get(run.pe, []) + variant_keys
-        variant = ", ".join(f"{k}={run.config.get(k, '?')}" for k in keys)
+        own = [  # the encoding's settings where this run leaves its YAML's default
+            k for k in pe_keys.get(run.pe, []) if run.config.get(k) != defaults[run.pe].get(k)
+        ]
+        variant = ", ".join(f"{k}={run.config.get(k, '?')}" for k in own + variant_keys)
         run.label = f"{run.pe} ({variant})" if variant else run.pe
         groups.setdefault(run.label, Group(run.label, run.pe, variant, [])).runs.append(run)
     for group in groups.values():
