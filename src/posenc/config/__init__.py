@@ -54,6 +54,9 @@ RUN_CONTROL_KEYS = frozenset(
         "logger.csv",
         "logger.mlflow",
         "logger.mlflow_uri",
+        "logger.wandb",
+        "logger.wandb_mode",
+        "logger.wandb_project",
     }
 )
 #: settings no result depends on, left out of reports: where this machine keeps the data, the
@@ -360,6 +363,9 @@ class LoggerConfig(ConfigGroup):
     csv: bool = setting("bool", default=False)
     mlflow: bool = setting("bool", default=False)
     mlflow_uri: str = setting("str", default="mlruns")
+    wandb: bool = setting("bool", default=False)
+    wandb_mode: str = setting("str", default="offline", choices=("offline", "online"))
+    wandb_project: str | None = setting("str", default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)

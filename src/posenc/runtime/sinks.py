@@ -9,12 +9,24 @@
   scalar as a metric. A resumed run continues its MLflow run (its id is kept in
   ``RUN/mlflow.json``); MLflow cannot delete values, so steps between the checkpoint and an
   interruption appear twice there (the later value is the one that continued).
+- ``logger.wandb=true``: one Weights & Biases run per training run in the project
+  ``logger.wandb_project`` (default: ``name``), offline unless ``logger.wandb_mode=online``
+  (``wandb sync`` uploads an offline run later). W&B's files go where W&B puts them, ``wandb/``
+  in the working directory or ``WANDB_DIR``, never into the run directory (W&B links its core's
+  debug log there from its cache: a link leading out, which posenc refuses). The settings are its
+  config; every scalar goes into its history with its step under ``global_step``
+  (``train_seconds`` for ``time/`` tags), the x-axis each tag is plotted against. A resumed run
+  continues its W&B run (its id is kept in ``RUN/wandb.json`` and passed with
+  ``resume="allow"``); as with MLflow, steps logged again after a resume appear twice.
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import re
+import secrets
+import string
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,6 +36,10 @@ from posenc.runtime.files import open_append, read_json, replacing, write_json
 
 TIME_PREFIX = "time/"
 CSV_FIELDS = ("tag", "step", "value", "wall_time")
+#: the W&B history keys holding a scalar's step: training steps, and seconds for ``time/`` tags
+WANDB_STEP, WANDB_SECONDS = "global_step", "train_seconds"
+#: a W&B run id as posenc makes them (and W&B does): lowercase letters and digits
+WANDB_ID = re.compile(r"[0-9a-z]{8,64}")
 
 
 class ScalarSink(Protocol):
@@ -115,6 +131,92 @@ class MlflowSink:
         self.client.set_terminated(self.run_id)
 
 
+def wandb_run_id(id_file: Path) -> str:
+    """The W&B run id of a run directory: the one ``id_file`` keeps, or a new one written there
+    before W&B hears of it (so a run whose first ``wandb.init`` failed still gets no second id).
+
+    Raises:
+        ValueError: one line when ``id_file`` exists but holds no valid id.
+    """
+    if id_file.exists():
+        run_id = (read_json(id_file) or {}).get("run_id")
+        if not isinstance(run_id, str) or not WANDB_ID.fullmatch(run_id):
+            raise ValueError(
+                f"{id_file} holds no valid W&B run id; delete it to start a new W&B run"
+            )
+        return run_id
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    write_json(id_file, {"run_id": run_id})
+    return run_id
+
+
+class WandbSink:
+    """One W&B run, through its own run object (``reinit="create_new"``: the jobs of a Hydra
+    multirun in one process never share W&B's global run). The scalars of one step go into one
+    history row with that step under :data:`WANDB_STEP` (:data:`WANDB_SECONDS` for ``time/``
+    tags), which ``define_metric`` makes each tag's x-axis; W&B's own ``_step`` only counts
+    rows, so steps logged again after a resume are kept, never dropped as out of order."""
+
+    def __init__(
+        self,
+        project: str,
+        mode: str,
+        run_name: str,
+        params: dict[str, Any],
+        id_file: Path,
+    ) -> None:
+        try:
+            import wandb
+        except ImportError as err:
+            raise ValueError(
+                "logger.wandb=true needs W&B: pip install -e '.[wandb]' (or set logger.wandb=false)"
+            ) from err
+        run_id = wandb_run_id(id_file)
+        if mode == "offline":  # nothing leaves the machine: no crash reports to W&B either
+            os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+        try:
+            self.run = wandb.init(
+                project=project,
+                name=run_name,
+                id=run_id,
+                resume="allow",
+                mode=mode,
+                config=params,
+                allow_val_change=True,  # a continued run may report a larger budget
+                reinit="create_new",
+                settings=wandb.Settings(console="off"),  # train.log has the console
+            )
+        except wandb.Error as err:
+            message = (str(err).splitlines() or [type(err).__name__])[0]
+            raise ValueError(f"W&B could not start run {run_id} of {project}: {message}") from err
+        for key in (WANDB_STEP, WANDB_SECONDS):
+            self.run.define_metric(key, hidden=True)
+        self._defined: set[str] = set()
+        self._row: dict[str, float] = {}
+        self._at: tuple[str, int] = (WANDB_STEP, -1)
+
+    def add(self, tag: str, value: float, step: int) -> None:
+        key = WANDB_SECONDS if tag.startswith(TIME_PREFIX) else WANDB_STEP
+        if tag not in self._defined:
+            self.run.define_metric(tag, step_metric=key)
+            self._defined.add(tag)
+        if self._at != (key, step) or tag in self._row:
+            self._flush()
+            self._at = (key, step)
+        self._row[tag] = float(value)
+
+    def _flush(self) -> None:
+        """Log the row of the scalars gathered at one step."""
+        if self._row:
+            key, step = self._at
+            self.run.log({**self._row, key: step})
+            self._row = {}
+
+    def close(self) -> None:
+        self._flush()
+        self.run.finish()
+
+
 def open_sinks(
     settings: LoggerConfig,
     run_dir: Path,
@@ -123,14 +225,30 @@ def open_sinks(
     resume_step: int = 0,
     resume_seconds: float = 0.0,
 ) -> list[ScalarSink]:
-    """The sinks ``settings`` (``logger.*``) switch on for the run in ``run_dir``."""
+    """The sinks ``settings`` (``logger.*``) switch on for the run in ``run_dir``; when one
+    cannot open (a missing package: one line naming the fix), those already open are closed."""
     sinks: list[ScalarSink] = []
-    if settings.csv:
-        sinks.append(CsvSink(run_dir / "scalars.csv", resume_step, int(resume_seconds)))
-    if settings.mlflow:
-        sinks.append(
-            MlflowSink(
-                settings.mlflow_uri, experiment, run_dir.name, params, run_dir / "mlflow.json"
+    try:
+        if settings.csv:
+            sinks.append(CsvSink(run_dir / "scalars.csv", resume_step, int(resume_seconds)))
+        if settings.mlflow:
+            sinks.append(
+                MlflowSink(
+                    settings.mlflow_uri, experiment, run_dir.name, params, run_dir / "mlflow.json"
+                )
             )
-        )
+        if settings.wandb:
+            sinks.append(
+                WandbSink(
+                    settings.wandb_project or experiment,
+                    settings.wandb_mode,
+                    run_dir.name,
+                    params,
+                    run_dir / "wandb.json",
+                )
+            )
+    except BaseException:
+        for sink in sinks:
+            sink.close()
+        raise
     return sinks
