@@ -10,7 +10,8 @@ from pathlib import Path
 
 from posenc.analysis.reading import reading
 from posenc.analysis.report.benchtime import add_bench_curves, bench_step_seconds
-from posenc.analysis.report.render import Table, Writer, palette
+from posenc.analysis.report.html import write_html
+from posenc.analysis.report.render import Heading, Table, Text, Writer, palette
 from posenc.analysis.report.runs import (
     ReportError,
     find_run_dirs,
@@ -72,7 +73,8 @@ def build_report(
     bench: Path | None = None,
 ) -> Report:
     """Write the report of the sweep in ``sweep`` into ``out`` (default ``sweep/report``):
-    ``report.md``, ``report.csv``, ``reading.txt`` and the figures. Scores come from each run's
+    ``report.md``, the same as one self-contained page ``report.html`` (:mod:`.html`),
+    ``report.csv``, ``reading.txt`` and the figures. Scores come from each run's
     own evaluation, or from its standalone evaluation ``RUN/evals/<evaluation>/``; ``samples``
     paired bootstrap resamples; cost ratios against ``reference`` (default: the runs'
     ``reference_pe``); with ``bench`` (a benchmark's JSON) the learning curves are also drawn
@@ -119,16 +121,18 @@ def build_report(
         f"Sweep `{sweep}`; focus split `{focus}`; splits: {', '.join(splits) or 'none yet'}. "
         "Every number of the tables is also in `report.csv`. " + refresh_hparams(sweep)
     )
-    top = len(w.lines)
+    top = len(w.blocks)
     section_runs(w, runs, groups, focus)
     section_curves(w, groups, styles, bench_note)
     scores = split_sections(w, splits, systems, runs, samples, styles)
     section_cost(w, groups, focus, reference)
     section_attention(w, groups)
     summary = reading(w.rows, splits)
-    w.lines[top:top] = ["## Reading", "", summary, ""]
+    w.insert(top, Heading("Reading"), Text([summary]))
     write_text(out / "reading.txt", summary + "\n")
-    return Report(w.save(), summary, scores)
+    path = w.save()
+    write_html(w.blocks, out)
+    return Report(path, summary, scores)
 
 
 def scores_summary(scores: Table | None) -> str:
@@ -141,7 +145,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """``python scripts/report.py SWEEP_DIR [--out DIR] [--split test] [--bootstrap N]
     [--eval NAME] [--reference NAME]``: writes the report, then prints the focus split's score
     table, the reading and ``report: PATH``. A :class:`ReportError` exits with one line."""
-    parser = argparse.ArgumentParser(description="Report of a sweep: report.md, PNGs, report.csv.")
+    parser = argparse.ArgumentParser(
+        description="Report of a sweep: report.md, report.html, PNGs, report.csv."
+    )
     parser.add_argument("sweep", type=Path, help="the sweep directory (runs in subdirectories)")
     parser.add_argument("--out", type=Path, default=None, help="default: SWEEP/report")
     parser.add_argument("--split", default="test", help="the focus split (default: test)")

@@ -1,5 +1,9 @@
-"""Rendering the report: the report's outline, the :class:`Writer` that collects its markdown,
-CSV rows and figures, number formatting, and the figure helpers every figure shares."""
+"""Rendering the report: its outline, the :class:`Writer` that collects its blocks, CSV rows
+and figures, number formatting, and the figure helpers every figure shares.
+
+The blocks (:class:`Heading`, :class:`Text`, :class:`Table`, :class:`Image`, :class:`Details`)
+are the report's structured content: ``report.md`` is their markdown, ``report.html`` is
+rendered from them (:mod:`.html`)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import csv
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,28 @@ CSV_COLUMNS = ("section", "split", "encoding", "run", "metric", "value")
 
 
 @dataclass
+class Heading:
+    """A heading of ``level`` (1 is the title, 2 a section, 3 a subsection)."""
+
+    title: str
+    level: int = 2
+
+    def markdown(self) -> list[str]:
+        return ["#" * self.level + " " + self.title]
+
+
+@dataclass
+class Text:
+    """Lines of text (a paragraph each; ``- `` starts a list item) in inline markdown:
+    ```code``` and ``**bold**``."""
+
+    lines: list[str]
+
+    def markdown(self) -> list[str]:
+        return list(self.lines)
+
+
+@dataclass
 class Table:
     """A table as written: its header and its rows of cells (formatted or raw values)."""
 
@@ -50,28 +76,67 @@ class Table:
         return [" | ".join(self.header), " | ".join("---" for _ in self.header), *body]
 
 
+@dataclass
+class Image:
+    """The image file ``name`` of the report's folder, after the text lines ``lead``."""
+
+    name: str
+    caption: str
+    lead: list[str] = field(default_factory=list)
+
+    def markdown(self) -> list[str]:
+        return [*self.lead, f"![{self.caption}]({self.name})"]
+
+
+@dataclass
+class Details:
+    """Lines folded away under ``summary`` (a ``<details>`` block)."""
+
+    summary: str
+    lines: list[str]
+
+    def markdown(self) -> list[str]:
+        return [f"<details><summary>{self.summary}</summary>", "", *self.lines, "", "</details>"]
+
+
+Block = Heading | Text | Table | Image | Details
+
+
 class Writer:
-    """Collects the markdown lines, the CSV rows (dicts of :data:`CSV_COLUMNS`) and the figures
-    (saved into ``out`` at once) of the report."""
+    """Collects the blocks, the CSV rows (dicts of :data:`CSV_COLUMNS`) and the figures (saved
+    into ``out`` at once) of the report."""
 
     def __init__(self, out: Path) -> None:
         self.out = out
-        self.lines: list[str] = []
+        self.blocks: list[Block] = []
         self.rows: list[dict[str, Any]] = []
 
+    @property
+    def lines(self) -> list[str]:
+        """The markdown of the blocks, one blank line after each."""
+        return [line for block in self.blocks for line in (*block.markdown(), "")]
+
     def text(self, *lines: str) -> None:
-        """Append paragraphs (one blank line after them)."""
-        self.lines.extend([*lines, ""])
+        """Append paragraphs."""
+        self.blocks.append(Text(list(lines)))
 
     def heading(self, title: str, level: int = 2) -> None:
-        """A markdown heading."""
-        self.text("#" * level + " " + title)
+        """A heading."""
+        self.blocks.append(Heading(title, level))
+
+    def insert(self, at: int, *blocks: Block) -> None:
+        """Insert ``blocks`` before the block number ``at`` (``len(blocks)`` once, say)."""
+        self.blocks[at:at] = blocks
 
     def table(self, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-        """Append a markdown table (cells escaped); returns it as a :class:`Table`."""
+        """Append a table; returns it as a :class:`Table`."""
         table = Table(list(header), [list(row) for row in rows])
-        self.text(*table.markdown())
+        self.blocks.append(table)
         return table
+
+    def details(self, summary: str, *lines: str) -> None:
+        """Append ``lines`` folded away under ``summary``."""
+        self.blocks.append(Details(summary, list(lines)))
 
     def record(
         self, section: str, split: str, encoding: str, run: str, metric: str, value: Any
@@ -86,7 +151,11 @@ class Writer:
         """Save ``fig`` as ``out/name`` and show it in the report."""
         with replacing(self.out / name, "wb") as handle:
             fig.savefig(handle, dpi=110, format=Path(name).suffix.lstrip("."))
-        self.text(f"![{caption}]({name})")
+        self.image(name, caption)
+
+    def image(self, name: str, caption: str, *lead: str) -> None:
+        """Show the image file ``out/name``, after the text lines ``lead``."""
+        self.blocks.append(Image(name, caption, list(lead)))
 
     def save(self) -> Path:
         """Write ``report.md`` and ``report.csv``; returns the path of ``report.md``."""

@@ -152,13 +152,7 @@ def setup_lines(w: Writer, runs: Sequence[Run]) -> None:
     w.heading("Shared setup", 3)
     shared = shared_settings(runs)
     w.text(*[f"- **{g}**: " + ", ".join(items) for g, items in setup_groups(shared).items()])
-    w.text(
-        "<details><summary>All shared settings</summary>",
-        "",
-        *[f"- `{k}`: {v}" for k, v in sorted(shared.items())],
-        "",
-        "</details>",
-    )
+    w.details("All shared settings", *[f"- `{k}`: {v}" for k, v in sorted(shared.items())])
 
 
 def differing_lines(w: Writer, runs: Sequence[Run], groups: Sequence[Group]) -> None:
@@ -348,6 +342,6 @@ def section_attention(w: Writer, groups: Sequence[Group]) -> None:
                 f"**{group.label}**: attention map of `{run.name}` unreadable ({first_line(err)})."
             )
             continue
-        w.text(f"**{group.label}** (run `{run.name}`):", f"![attention]({target.name})")
+        w.image(target.name, "attention", f"**{group.label}** (run `{run.name}`):")
     if missing:
         w.text("No attention map (`attention.png` / `attention.npz`) for: " + ", ".join(missing))
