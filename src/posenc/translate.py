@@ -11,6 +11,10 @@ blank. Overrides apply to the run's saved config as in standalone evaluation
 ``eval.checkpoint=last``, ``device=cpu``, ``trainer.progress=true`` for a progress bar on
 stderr); log lines go to stderr.
 
+``run_dir=A run_dir=B ...`` translates with an ensemble of the runs (their probabilities
+averaged at each step, each with its own encoding and cache: :mod:`posenc.model.ensemble`),
+sources read by A's tokenizer, which every run must share, and decoded as A's config says.
+
 ``nbest=N`` (N > 1, at most ``eval.beam_size``, not with sampling) writes beam search's N best
 hypotheses of every sentence instead, like ``fairseq-generate --nbest N``: one line each,
 :data:`NBEST_FORMAT`, best first, sentences in input order; ``sentence_index`` counts input
@@ -31,8 +35,8 @@ from posenc.config import Setting
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.decode import DecodeSettings, translate, translate_nbest
 from posenc.evaluation.evaluate import average_last, use_ema
-from posenc.evaluation.standalone import check_run_dir, compose_run_config, load_checked
-from posenc.model.seq2seq import Seq2Seq
+from posenc.evaluation.standalone import RUN_DIR_HELP, load_runs, run_configs
+from posenc.model.seq2seq import Translator
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.cli import Command, one_line_errors
 from posenc.runtime.device import resolve_device
@@ -43,7 +47,7 @@ log = logging.getLogger("posenc.translate")
 COMMAND = Command(
     "posenc.translate",
     {
-        "run_dir": "the trained run (a directory with config.yaml and checkpoints/)",
+        "run_dir": RUN_DIR_HELP,
         "input": "source sentences, one a line (default: stdin)",
         "output": "where the translations go, one a line (default: stdout)",
         "nbest": "N > 1 (at most eval.beam_size, not with eval.sampling): beam search's N best "
@@ -58,6 +62,7 @@ COMMAND = Command(
     "python -m posenc.translate run_dir=outputs/runs/default/pe=rope@1a2b3c4d input=fr.txt "
     "eval.beam_size=5 nbest=3",
     values={"nbest": Setting("int", low=1)},
+    repeatable=("run_dir",),
 )
 
 #: what :meth:`str.splitlines` reads as the end of a line: a translation (byte-level BPE may
@@ -83,7 +88,7 @@ def read_lines(source: Path | None) -> list[str]:
 def translate_lines(
     lines: list[str],
     tokenizer: Tokenizer,
-    model: Seq2Seq,
+    model: Translator,
     settings: DecodeSettings,
     device: torch.device,
     nbest: int = 1,
@@ -108,7 +113,7 @@ def nbest_lines(
     lines: list[str],
     wanted: list[int],
     tokenizer: Tokenizer,
-    model: Seq2Seq,
+    model: Translator,
     settings: DecodeSettings,
     device: torch.device,
     nbest: int,
@@ -156,28 +161,30 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(args: list[str]) -> None:
     paths, overrides = COMMAND.read(args)
-    run_dir = paths["run_dir"]
     nbest = paths.get("nbest", 1)
-    check_run_dir(run_dir)
-    cfg = compose_run_config(run_dir, overrides)
+    configs = run_configs(paths["run_dir"], overrides)
+    cfg = configs[0]
     settings = DecodeSettings.of(cfg)
     check_nbest(nbest, settings)
     lines = read_lines(paths.get("input"))
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s", stream=sys.stderr)
-    tokenizer, model, step, checkpoint = load_checked(run_dir, cfg)
+    (tokenizer, model, step, checkpoint), members = load_runs(paths["run_dir"], configs)
     averaged = average_last(cfg)
     weights = checkpoint.name if averaged == 1 else f"the average of the last {averaged}"
     weights += " (EMA weights)" if use_ema(cfg) else ""
+    weights += f" (step {step})"
+    if len(members) > 1:
+        others = ", ".join(f"{m['run']} ({m['checkpoint']}, step {m['step']})" for m in members[1:])
+        weights = f"an ensemble of {members[0]['run']}'s {weights} and {others}"
     started = time.perf_counter()
     device = resolve_device(cfg.device)
     translations = translate_lines(lines, tokenizer, model, settings, device, nbest)
     write_lines(translations, paths.get("output"))
     log.info(
-        "%d lines translated in %.1f s: %s (step %d), %s%s",
+        "%d lines translated in %.1f s: %s, %s%s",
         len(lines),
         time.perf_counter() - started,
         weights,
-        step,
         settings.describe(),
         f", {nbest} best each" if nbest > 1 else "",
     )

@@ -18,7 +18,7 @@ from posenc.data.batching import TokenBatcher, collate
 from posenc.data.tokenizer import Tokenizer
 from posenc.model.sampling import Sampling
 from posenc.model.search import Hypothesis
-from posenc.model.seq2seq import Seq2Seq
+from posenc.model.seq2seq import Translator
 
 T = TypeVar("T")
 
@@ -70,7 +70,7 @@ class DecodeSettings:
 
 
 def translate(
-    model: Seq2Seq,
+    model: Translator,
     tokenizer: Tokenizer,
     sources: list[list[int]],
     settings: DecodeSettings,
@@ -101,7 +101,7 @@ def translate(
 
 
 def translate_nbest(
-    model: Seq2Seq,
+    model: Translator,
     tokenizer: Tokenizer,
     sources: list[list[int]],
     settings: DecodeSettings,

@@ -172,11 +172,13 @@ def evaluate(
     run_dir: Path | RunDir,
     out_dir: Path | None = None,
     loaded: tuple | None = None,
+    about: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``run_dir`` on ``cfg.eval.splits``; writes ``metrics.json`` and the other
     files into ``out_dir`` (default: the run directory, whose earlier evaluation of another step
     is archived first) and returns the metrics. ``loaded`` is :func:`load_run_model`'s answer
-    when the caller has it already."""
+    when the caller has it already (its model may be an :class:`~posenc.model.ensemble.Ensemble`,
+    which has no attention map of its own), and ``about`` goes into the metrics as it is."""
     device = resolve_device(cfg.device)
     run_dir = as_run_dir(run_dir)
     own = out_dir is None
@@ -203,6 +205,7 @@ def evaluate(
         "checkpoint": str(path.name),
         "step": step,
         "splits": {},
+        **(about or {}),
     }
     if averaged_count > 1:
         averaged = last_step_checkpoints(run_dir.checkpoints, averaged_count)
@@ -235,9 +238,17 @@ def evaluate(
                 for split in splits
             },
         }
-    _save_attention_example(
-        model, tokenizer, corpora[splits[0]], cfg, out_dir, device, step, run_dir if own else None
-    )
+    if isinstance(model, Seq2Seq):
+        _save_attention_example(
+            model,
+            tokenizer,
+            corpora[splits[0]],
+            cfg,
+            out_dir,
+            device,
+            step,
+            run_dir if own else None,
+        )
     summary = run_dir.summary()
     if summary is not None:
         metrics["train"] = summary

@@ -7,7 +7,13 @@ The run directory is untrusted input: its config.yaml is read with limits before
 an evaluation is written into a temporary directory renamed into place when complete (Ctrl-C, a
 full disk or an error leave nothing half-written), one evaluation of a run at a time
 (``RUN/evals/.lock``), and an evaluation directory made under other settings than this one's is
-never returned as its answer (this one goes to ``<overrides>,step=N@DIGEST``)."""
+never returned as its answer (this one goes to ``<overrides>,step=N@DIGEST``).
+
+``run_dir=A run_dir=B ...`` scores an ensemble (:mod:`posenc.model.ensemble`) of the runs, each
+at the checkpoint its own config names (the overrides applied to each), decoded as A's config
+says, into ``A/evals/ensemble=B..._DIGEST,<overrides>,step=N/``: the digest covers the other
+runs' paths, checkpoints and steps, so it never replaces a single-model evaluation nor one of
+another ensemble."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import traceback
+from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -32,7 +39,9 @@ from posenc.config.identity import (
     identity,
     training_identity,
 )
+from posenc.data.tokenizer import load_tokenizer
 from posenc.evaluation.evaluate import average_last, evaluate, use_ema
+from posenc.model.ensemble import Ensemble, check_same_vocabulary
 from posenc.model.factory import checkpoint_path, load_run_model
 from posenc.runtime import untrusted
 from posenc.runtime.checkpoint import CheckpointError
@@ -45,13 +54,21 @@ from posenc.runtime.untrusted import UntrustedFileError, read_config
 
 log = logging.getLogger("posenc.evaluation")
 
+#: what ``run_dir=`` is, for both commands over trained runs
+RUN_DIR_HELP = (
+    "the trained run (a directory with config.yaml and checkpoints/); given again "
+    "(run_dir=A run_dir=B ...), an ensemble of the runs, their probabilities averaged at each "
+    "step, decoded as the first run's config says"
+)
+
 COMMAND = Command(
     "posenc.evaluation",
-    {"run_dir": "the trained run (a directory with config.yaml and checkpoints/)"},
+    {"run_dir": RUN_DIR_HELP},
     ("run_dir",),
     "Evaluate a trained run again under other evaluation settings; the results go to "
     "RUN/evals/<overrides>,step=N/ and replace nothing.",
     "python -m posenc.evaluation run_dir=outputs/runs/default/pe=rope@1a2b3c4d eval.beam_size=5",
+    repeatable=("run_dir",),
 )
 
 
@@ -110,19 +127,34 @@ def _data(config: DictConfig) -> dict[str, Any]:
 NOT_IN_NAME = frozenset({"trainer.progress", "device", "threads"})
 
 
-def evaluation_dir(run_dir: Path, overrides: list[str], step: int, cfg: DictConfig) -> Path:
+def evaluation_dir(
+    run_dir: Path, overrides: list[str], step: int, cfg: DictConfig, members: Sequence[dict] = ()
+) -> Path:
     """``RUN/evals/<overrides>,step=N``: one directory per distinct standalone evaluation
-    (:data:`NOT_IN_NAME` left out, cut to fit a file name). When that directory holds an
-    evaluation under other settings than ``cfg``'s (the run's config changed since), this one
-    is ``<overrides>,step=N@DIGEST`` instead, the digest of its settings."""
+    (:data:`NOT_IN_NAME` left out, cut to fit a file name); for an ensemble (``members``, as
+    :func:`load_runs` gives them), ``ensemble=...`` among them (:func:`ensemble_item`). When that
+    directory holds an evaluation under other settings than ``cfg``'s (the run's config changed
+    since), this one is ``<overrides>,step=N@DIGEST`` instead, the digest of its settings."""
     scored = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in NOT_IN_NAME]
-    items = sorted([*scored, f"step={step}"])
+    ensemble = [ensemble_item(members)] if len(members) > 1 else []
+    items = sorted([*scored, *ensemble, f"step={step}"])
     name = re.sub(r"[^\w.=,+\-{}:\[\]]", "_", ",".join(items))
     settings = {**identity(cfg), **evaluation_identity(cfg)}
     readable = run_dir / "evals" / cut_name(name, "")
     if _made_with(readable, cfg) in (None, True):
         return readable
     return run_dir / "evals" / cut_name(name, "@" + digest(settings))
+
+
+def ensemble_item(members: Sequence[dict]) -> str:
+    """``ensemble=B+C@DIGEST``: the directory names of the runs after the first and the digest
+    of where they are and the checkpoints and steps they decode with."""
+    others = members[1:]
+    where = {
+        str(i): f"{Path(m['run']).resolve()}:{m['checkpoint']}:{m['step']}"
+        for i, m in enumerate(others)
+    }
+    return "ensemble=" + "+".join(Path(m["run"]).name for m in others) + "@" + digest(where)
 
 
 def _made_with(directory: Path, cfg: DictConfig) -> bool | None:
@@ -183,19 +215,56 @@ def load_checked(run_dir: Path, cfg: DictConfig) -> tuple:
         raise SystemExit(str(err)) from None
 
 
+def run_configs(run_dirs: list[Path], overrides: list[str]) -> list[DictConfig]:
+    """Each run's config with ``overrides`` applied (:func:`compose_run_config`), every run on
+    the first's ``device``; SystemExit (one line) for a run given twice or not a run."""
+    given = [run_dir.resolve() for run_dir in run_dirs]
+    twice = next((d for i, d in enumerate(run_dirs) if given[i] in given[:i]), None)
+    if twice is not None:
+        raise SystemExit(f"run_dir={twice} is given twice; give each run of an ensemble once")
+    for run_dir in run_dirs:
+        check_run_dir(run_dir)
+    configs = [compose_run_config(run_dir, overrides) for run_dir in run_dirs]
+    for cfg in configs[1:]:
+        cfg.device = configs[0].device
+    return configs
+
+
+def load_runs(run_dirs: list[Path], configs: list[DictConfig]) -> tuple[tuple, list[dict]]:
+    """:func:`load_checked`'s answer for ``run_dirs`` under their ``configs``: with one run, its
+    own; with several, an :class:`Ensemble` of their models with the first's tokenizer, step and
+    checkpoint. And each run's ``run``, ``pe``, ``checkpoint`` and ``step``. ValueError (one
+    line) for runs whose tokenizers differ; SystemExit (one line) for a missing checkpoint."""
+    if len(run_dirs) > 1:
+        tokenizers = [load_tokenizer(run_dir / "tokenizer") for run_dir in run_dirs]
+        check_same_vocabulary(tokenizers, [str(run_dir) for run_dir in run_dirs])
+    loaded = [load_checked(run_dir, cfg) for run_dir, cfg in zip(run_dirs, configs, strict=True)]
+    members = [
+        {"run": str(run_dir), "pe": cfg.pe.name, "checkpoint": one[3].name, "step": one[2]}
+        for run_dir, cfg, one in zip(run_dirs, configs, loaded, strict=True)
+    ]
+    if len(run_dirs) == 1:
+        return loaded[0], members
+    tokenizer, _, step, path = loaded[0]
+    return (tokenizer, Ensemble([one[1] for one in loaded]).eval(), step, path), members
+
+
 def _checked(path: Path, check) -> dict[str, Any]:
     """The JSON object in ``path`` once ``check`` has found its keys and types right."""
     return check(untrusted.read_json(path), path)
 
 
-def evaluate_into(cfg: DictConfig, run_dir: Path, out_dir: Path, loaded: tuple) -> dict:
+def evaluate_into(
+    cfg: DictConfig, run_dir: Path, out_dir: Path, loaded: tuple, about: dict | None = None
+) -> dict:
     """Evaluate into a temporary directory beside ``out_dir`` and rename it to ``out_dir`` when
     complete; on any error or Ctrl-C the temporary directory is removed (an unforeseen error
-    leaves ``out_dir/failed.json`` with its traceback, then propagates). Returns the metrics."""
+    leaves ``out_dir/failed.json`` with its traceback, then propagates). Returns the metrics,
+    with ``about`` among them."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name[:100]}.", dir=out_dir.parent))
     try:
-        metrics = evaluate(cfg, run_dir, work, loaded)
+        metrics = evaluate(cfg, run_dir, work, loaded, about)
         OmegaConf.save(cfg, work / "eval_config.yaml")
         if out_dir.exists():  # an earlier attempt's failed.json, nothing else
             shutil.rmtree(out_dir)
@@ -221,19 +290,27 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(args: list[str]) -> None:
     paths, overrides = COMMAND.read(args)
-    run_dir = paths["run_dir"]
-    check_run_dir(run_dir)
-    cfg = compose_run_config(run_dir, overrides)
+    run_dirs = paths["run_dir"]
+    configs = run_configs(run_dirs, overrides)
+    run_dir, cfg = run_dirs[0], configs[0]
+    if len(run_dirs) > 1 and cfg.eval.get("pe_variants"):
+        raise SystemExit(
+            "eval.pe_variants rebuilds one model with other pe settings, not an ensemble: "
+            "evaluate the variants of each run alone"
+        )
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    loaded = load_checked(run_dir, cfg)
+    loaded, members = load_runs(run_dirs, configs)
+    about = None
+    if len(members) > 1:
+        about = {"pe": "+".join(m["pe"] for m in members), "ensemble": members}
     (run_dir / "evals").mkdir(exist_ok=True)
     with run_lock(run_dir / "evals", "evaluation"):
-        out_dir = evaluation_dir(run_dir, overrides, loaded[2], cfg)
+        out_dir = evaluation_dir(run_dir, overrides, loaded[2], cfg, members)
         if _made_with(out_dir, cfg):
             log.info("%s holds this evaluation already; delete it to evaluate again", out_dir)
             metrics = _checked(out_dir / "metrics.json", untrusted.check_metrics)
         else:
-            metrics = evaluate_into(cfg, run_dir, out_dir, loaded)
+            metrics = evaluate_into(cfg, run_dir, out_dir, loaded, about)
             log.info("results in %s", out_dir)
     print(
         json.dumps(

@@ -10,22 +10,57 @@ stops once it has ``K`` finished hypotheses, or at its length limit ``max_len_a 
 and BOS are never chosen; an empty translation (EOS first) is allowed, as in greedy decoding.
 
 The decoder's key/value cache follows the surviving hypotheses: its rows are re-ordered with
-:meth:`DecoderCache.reorder`, and the rows of finished sentences are dropped.
+:meth:`DecoderCache.reorder`, and the rows of finished sentences are dropped. The search asks
+its model only for what :class:`Decodable` says (a :class:`~posenc.model.seq2seq.Seq2Seq`, or
+an :class:`~posenc.model.ensemble.Ensemble` of them, each model with its own cache).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from posenc.model.layers import DecoderCache
 
-if TYPE_CHECKING:
-    from posenc.model.seq2seq import Seq2Seq
+class DecodeState(Protocol):
+    """A batch of rows being decoded: what the encoder made of each row's source, and the
+    decoder's key/value cache (or none, when the whole prefix is recomputed at every step).
+
+    Attributes:
+        src_pad: ``(B, Ls)`` each row's source padding mask.
+        dtype: the dtype of the model's scores.
+    """
+
+    src_pad: Tensor
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def logits(self, tokens: Tensor) -> Tensor:
+        """``(B, V)`` the next token's logits after ``tokens (B, t)`` (BOS first; with a cache,
+        the rows as they were at the last call, each one token longer): scores whose softmax is
+        the model's distribution."""
+        ...
+
+    def select(self, rows: Tensor) -> None:
+        """Keep, in place, the rows ``rows (B',)`` (repeated, re-ordered or dropped)."""
+        ...
+
+
+class Decodable(Protocol):
+    """What greedy decoding, sampling and beam search ask of a model: its special ids and
+    :meth:`start`."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+    def start(self, src: Tensor, use_cache: bool) -> DecodeState:
+        """Encode ``src (B, Ls)``: the state of its ``B`` rows before their first token."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -48,17 +83,14 @@ class Beams:
         scores: ``(N, K)`` summed log-probabilities; ``-inf`` marks an empty slot.
         sentences: ``(N,)`` each sentence's index in the input batch.
         limits: ``(N,)`` the most tokens, EOS included, each sentence may produce.
-        memory: ``(N*K, Ls, d)`` the encoder output for each row; ``src_pad`` ``(N*K, Ls)``.
-        cache: the decoder's keys and values for each row (None: recompute every step).
+        state: the model's encoder output and decoder cache for each of the ``N*K`` rows.
     """
 
     tokens: Tensor
     scores: Tensor
     sentences: Tensor
     limits: Tensor
-    memory: Tensor
-    src_pad: Tensor
-    cache: DecoderCache | None
+    state: DecodeState
 
     def select(self, sentences: Tensor, rows: Tensor, tokens: Tensor, scores: Tensor) -> None:
         """Go on with the sentences ``sentences (N',)`` (positions in this batch), whose new
@@ -67,10 +99,7 @@ class Beams:
         self.scores = scores
         self.sentences = self.sentences[sentences]
         self.limits = self.limits[sentences]
-        self.memory = self.memory[rows]
-        self.src_pad = self.src_pad[rows]
-        if self.cache is not None:
-            self.cache.reorder(rows)
+        self.state.select(rows)
 
 
 def max_lengths(src_pad: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
@@ -81,7 +110,7 @@ def max_lengths(src_pad: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
 
 @torch.no_grad()
 def beam_search(
-    model: Seq2Seq,
+    model: Decodable,
     src: Tensor,
     beam_size: int,
     lenpen: float = 1.0,
@@ -93,19 +122,18 @@ def beam_search(
     eval mode). Returns, per source, its finished hypotheses (at least one, at most
     ``beam_size``), best score first. ``use_cache=False`` recomputes the whole prefix at every
     step (a reference for the cache)."""
-    memory, src_pad = model.encode(src)
+    state = model.start(src, use_cache)
     batch, k = src.shape[0], beam_size
-    rows = torch.arange(batch, device=src.device).repeat_interleave(k)
-    scores = torch.full((batch, k), -math.inf, dtype=memory.dtype, device=src.device)
+    scores = torch.full((batch, k), -math.inf, dtype=state.dtype, device=src.device)
     scores[:, 0] = 0.0  # one hypothesis to start from, not K copies of it
+    limits = max_lengths(state.src_pad, max_len_a, max_len_b)
+    state.select(torch.arange(batch, device=src.device).repeat_interleave(k))
     beams = Beams(
         tokens=torch.full((batch * k, 1), model.bos_id, dtype=torch.long, device=src.device),
         scores=scores,
         sentences=torch.arange(batch, device=src.device),
-        limits=max_lengths(src_pad, max_len_a, max_len_b),
-        memory=memory[rows],
-        src_pad=src_pad[rows],
-        cache=DecoderCache() if use_cache else None,
+        limits=limits,
+        state=state,
     )
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     for step in range(max(int(beams.limits.max()), 1)):
@@ -126,12 +154,11 @@ def beam_search(
     return [sorted(hypotheses, key=lambda h: -h.score) for hypotheses in finished]
 
 
-def _candidates(model: Seq2Seq, beams: Beams, forced: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _candidates(model: Decodable, beams: Beams, forced: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The ``C = 2K`` best extensions of each sentence's hypotheses: summed log-probabilities,
     the hypothesis each extends (``0..K-1``) and its new token, each ``(N, C)``, best first.
     The sentences ``forced (N,)`` at their length limit may only end (EOS)."""
-    step_input = beams.tokens[:, -1:] if beams.cache is not None else beams.tokens
-    logits = model.decode(step_input, beams.memory, beams.src_pad, beams.cache)[:, -1]
+    logits = beams.state.logits(beams.tokens)
     log_probs = torch.log_softmax(logits, dim=-1)  # (N*K, V)
     log_probs[:, [model.pad_id, model.bos_id]] = -math.inf
     n, k = beams.scores.shape
@@ -145,7 +172,7 @@ def _candidates(model: Seq2Seq, beams: Beams, forced: Tensor) -> tuple[Tensor, T
 
 
 def _finish(
-    model: Seq2Seq,
+    model: Decodable,
     beams: Beams,
     finished: list[list[Hypothesis]],
     step: int,

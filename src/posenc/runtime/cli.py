@@ -60,7 +60,9 @@ class Command:
     own arguments (``run_dir``, ...: name -> what it is), which of them are required, what it
     does and an example; every other ``KEY=VALUE`` overrides the run's saved config. Its own
     arguments are paths, but those in ``values`` (name -> the :class:`Setting` it accepts,
-    ``nbest``), which are read as YAML scalars and checked."""
+    ``nbest``), which are read as YAML scalars and checked. A path in ``repeatable`` may be given
+    more than once (``run_dir=A run_dir=B``, an ensemble): it is read as the list of them, in
+    order (a comma may be part of a path, so they are never one comma-separated value)."""
 
     name: str
     own: dict[str, str]
@@ -68,6 +70,7 @@ class Command:
     summary: str
     example: str
     values: dict[str, Setting] = field(default_factory=dict)
+    repeatable: tuple[str, ...] = ()
 
     @property
     def usage(self) -> str:
@@ -75,6 +78,8 @@ class Command:
         for k in self.own:
             kind = "PATH" if k not in self.values else "N" if self.values[k].kind == "int" else "X"
             parts.append(f"{k}={kind}" if k in self.required else f"[{k}={kind}]")
+            if k in self.repeatable:
+                parts.append(f"[{k}={kind} ...]")
         return f"usage: python -m {self.name} {' '.join(parts)} [KEY=VALUE ...]"
 
     def help(self) -> str:
@@ -97,8 +102,8 @@ class Command:
         Raises:
             SystemExit: status 0 after printing the help for ``-h``/``--help``; otherwise one
                 line: an argument that is not ``KEY=VALUE``, an unknown key (with the closest
-                known one), an argument given twice or empty, a required one missing, a value
-                its :class:`Setting` refuses.
+                known one), an argument given twice (but a :attr:`repeatable` one) or empty, a
+                required one missing, a value its :class:`Setting` refuses.
         """
         if any(arg in ("-h", "--help") for arg in args):
             print(self.help())
@@ -113,6 +118,10 @@ class Command:
                 raise SystemExit(f"{self.name}: {arg!r} is not KEY=VALUE; {self.usage}")
             if bare in self.values:
                 paths[bare] = self._value(bare, value, paths)
+            elif bare in self.repeatable:
+                if not value:
+                    raise SystemExit(f"{self.name}: {bare}= must be given with a path")
+                paths.setdefault(bare, []).append(Path(value).expanduser())
             elif bare in self.own:
                 if bare in paths or not value:
                     raise SystemExit(f"{self.name}: {bare}= must be given once, with a path")
