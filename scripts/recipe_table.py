@@ -1,13 +1,11 @@
 """The CPU recipe sweep's table: validation loss of every run at fixed minutes of training.
 
 ``python scripts/recipe_table.py SWEEP_DIR [--minutes 0.5,1,1.5,2,2.5] [--out FILE]`` reads each
-run's validation loss against training seconds (TensorBoard, ``time/valid_loss``), interpolates
-it linearly at the given minutes (blank past the run's last validation or before its first),
-and prints a markdown table sorted by the loss at the latest of those minutes that every run
-reached, best first. ``--out`` also
-writes the rows as JSON. A run's setting is its directory name (the overrides it was launched
-with, beside ``experiment=recipe``).
-"""
+run's validation loss against training seconds (TensorBoard, ``vs_train_seconds/valid_loss``),
+interpolates it linearly at the given minutes (blank past the run's last validation or before its
+first), and prints a markdown table sorted by the loss at the latest of those minutes that every run
+reached, best first. ``--out`` also writes the rows as JSON. A run's setting is its directory name
+(the overrides it was launched with, beside ``experiment=recipe``)."""
 
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def test_a_run_killed_by_sigkill_resumes_with_every_step_logged_once(tmp_path):
     assert summary["steps"] == 300
     assert logged_steps(run_dir) == list(range(1, 301))
     assert logged_steps(run_dir, "valid/loss") == list(range(10, 301, 10))
-    seconds = logged_steps(run_dir, "time/train_loss")
+    seconds = logged_steps(run_dir, "vs_train_seconds/train_loss")
     assert seconds == sorted(set(seconds))
 
 

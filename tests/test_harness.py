@@ -34,7 +34,13 @@ def test_every_encoding_trains_decodes_and_scores(pe, tmp_path):
     assert test["sentences"] == 12
     assert (tmp_path / "hypotheses.test.txt").read_text().count("\n") == 12
     assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
-    for tag in ("train/loss", "valid/loss", "train/lr", "train/tokens_per_s", "time/train_loss"):
+    for tag in (
+        "train/loss",
+        "valid/loss",
+        "train/lr",
+        "train/tokens_per_s",
+        "vs_train_seconds/train_loss",
+    ):
         assert scalar_steps(tmp_path, tag), tag
 
 
@@ -87,7 +93,7 @@ def test_an_interrupted_run_resumes_to_the_same_result_without_duplicated_steps(
         steps = [s for s, _ in scalar_steps(interrupted, tag)]
         assert steps == sorted(set(steps)), f"{tag} has duplicated steps"
         assert steps == [s for s, _ in scalar_steps(straight, tag)]
-    seconds = [s for s, _ in scalar_steps(interrupted, "time/train_loss")]
+    seconds = [s for s, _ in scalar_steps(interrupted, "vs_train_seconds/train_loss")]
     assert seconds == sorted(set(seconds))
 
 

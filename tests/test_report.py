@@ -341,6 +341,21 @@ def test_setup_groups_take_the_first_dotted_component():
     }
 
 
+def test_curves_of_runs_logged_before_the_seconds_group_was_renamed_are_still_read(tmp_path):
+    """Older runs hold their seconds curves as ``time/``; the report reads either name."""
+    for prefix, name in (("time/", "old"), ("vs_train_seconds/", "new")):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        rows = [
+            "tag,step,value,wall_time",
+            f"{prefix}valid_loss,3,5.0,0",
+            f"{prefix}valid_loss,7,4.0,0",
+        ]
+        (run_dir / "scalars.csv").write_text("\n".join(rows) + "\n")
+        x, y = read_curves(run_dir)["time"]
+        assert x.tolist() == [3.0, 7.0] and y.tolist() == [5.0, 4.0]
+
+
 def test_a_variant_is_labelled_by_where_it_leaves_the_encodings_default():
     """A run saved before a setting existed (no key) and one with its null default are the same
     system, named by the encoding alone; a variant names only the setting it changes."""

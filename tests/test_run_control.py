@@ -242,7 +242,13 @@ def test_the_csv_logger_holds_what_tensorboard_holds(tmp_path):
     overrides = (*OVERRIDES, "trainer.max_steps=10", "trainer.log_every=5", "logger.csv=true")
     run(compose(*overrides), run_dir)
     rows = csv_rows(run_dir / "scalars.csv")
-    for tag in ("train/loss", "train/nll", "train/grad_norm", "valid/loss", "time/train_loss"):
+    for tag in (
+        "train/loss",
+        "train/nll",
+        "train/grad_norm",
+        "valid/loss",
+        "vs_train_seconds/train_loss",
+    ):
         logged = {int(r["step"]): float(r["value"]) for r in rows if r["tag"] == tag}
         assert logged == pytest.approx(scalars(run_dir, tag)), tag
 
@@ -252,14 +258,14 @@ def test_a_resumed_csv_drops_the_rows_after_the_checkpoint(tmp_path):
     sink = CsvSink(path)
     for step in range(1, 11):
         sink.add("train/loss", 1.0 / step, step)
-        sink.add("time/train_loss", 1.0 / step, step * 2)
+        sink.add("vs_train_seconds/train_loss", 1.0 / step, step * 2)
     sink.close()
     with path.open("a") as handle:
         handle.write("train/loss,11")  # a row cut short by a kill
     CsvSink(path, resume_step=4, resume_seconds=5).close()
     rows = csv_rows(path)
     assert [int(r["step"]) for r in rows if r["tag"] == "train/loss"] == [1, 2, 3, 4]
-    assert [int(r["step"]) for r in rows if r["tag"] == "time/train_loss"] == [2, 4]
+    assert [int(r["step"]) for r in rows if r["tag"] == "vs_train_seconds/train_loss"] == [2, 4]
 
 
 # --- MLflow ----------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def test_time_tags_keep_one_point_per_training_second_across_a_resume(tmp_path):
     for seconds in (2.9, 3.2, 4.0):
         resumed.against_time("train_loss", 1.0, seconds)
     resumed.close()
-    assert steps_as_read(tmp_path, "time/train_loss") == [0, 1, 2, 3, 4]
+    assert steps_as_read(tmp_path, "vs_train_seconds/train_loss") == [0, 1, 2, 3, 4]
 
 
 def test_event_files_with_nothing_to_drop_are_only_read(tmp_path):

@@ -84,7 +84,7 @@ def offline_runs(root: Path) -> list[Path]:
 
 def history(runs: list[Path]) -> dict[str, dict[int, float]]:
     """Tag -> {step: value} over the history rows of ``runs`` (later rows win), each value at
-    the step its row holds under ``global_step`` or, for ``time/`` tags, ``train_seconds``."""
+    the step its row holds under ``global_step`` or, for seconds tags, ``train_seconds``."""
     curves: dict[str, dict[int, float]] = {}
     for directory in runs:
         for row in rows(directory):
@@ -137,7 +137,9 @@ def test_an_offline_wandb_run_gets_every_scalar_and_the_settings_and_a_resume_co
     assert not any(key.startswith("logger.") for key in config)
 
     logged = tensorboard(run_dir)
-    assert {"train/loss", "valid/loss", "time/train_loss", "hparam/valid_loss"} <= set(logged)
+    assert {"train/loss", "valid/loss", "vs_train_seconds/train_loss", "hparam/valid_loss"} <= set(
+        logged
+    )
     assert history([first]).keys() == logged.keys()
     for tag, curve in history([first]).items():
         assert curve == pytest.approx(logged[tag]), tag
@@ -156,7 +158,7 @@ def test_the_sink_gathers_a_steps_scalars_in_one_row_in_the_project_it_is_given(
     tmp_path, wandb_dir
 ):
     sink = WandbSink("p", "offline", "a run", {"pe.name": "rope"}, tmp_path / "wandb.json")
-    for tag, value, step in [("a", 1, 5), ("b", 2, 5), ("time/a", 3, 5), ("a", 4, 10)]:
+    for tag, value, step in [("a", 1, 5), ("b", 2, 5), ("vs_train_seconds/a", 3, 5), ("a", 4, 10)]:
         sink.add(tag, value, step)
     sink.add("a", 5, 10)  # the same tag twice at one step: a row each, the later one last
     sink.close()
@@ -166,11 +168,11 @@ def test_the_sink_gathers_a_steps_scalars_in_one_row_in_the_project_it_is_given(
     assert started.run_id == json.loads((tmp_path / "wandb.json").read_text())["run_id"]
     assert [sorted(k for k in row if not k.startswith("_")) for row in rows(offline_run)] == [
         ["a", "b", WANDB_STEP],
-        ["time/a", WANDB_SECONDS],
+        sorted(["vs_train_seconds/a", WANDB_SECONDS]),
         ["a", WANDB_STEP],
         ["a", WANDB_STEP],
     ]
-    assert history([offline_run]) == {"a": {5: 1, 10: 5}, "b": {5: 2}, "time/a": {5: 3}}
+    assert history([offline_run]) == {"a": {5: 1, 10: 5}, "b": {5: 2}, "vs_train_seconds/a": {5: 3}}
 
 
 def test_logger_wandb_without_wandb_ends_in_one_line_naming_the_fix_before_training(

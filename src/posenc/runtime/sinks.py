@@ -1,9 +1,9 @@
 """Where a run's scalars go besides TensorBoard (``logger.*`` in ``configs/train.yaml``).
 
-- ``logger.csv=true``: ``RUN/scalars.csv``, one row per scalar TensorBoard receives (``tag,
-  step, value, wall_time``; ``time/...`` tags count whole seconds of training as their step), so
-  curves can be read with any CSV reader. A resumed run first drops the rows after its checkpoint,
-  as TensorBoard's events are truncated, so no step appears twice.
+- ``logger.csv=true``: ``RUN/scalars.csv``, one row per scalar TensorBoard receives (``tag, step,
+  value, wall_time``; ``vs_train_seconds/...`` tags count whole seconds of training as their step),
+  so curves can be read with any CSV reader. A resumed run first drops the rows after its
+  checkpoint, as TensorBoard's events are truncated, so no step appears twice.
 - ``logger.mlflow=true``: one MLflow run per training run in the experiment ``name``, at
   ``logger.mlflow_uri`` (a local directory works offline); the settings as parameters, every
   scalar as a metric. A resumed run continues its MLflow run (its id is kept in
@@ -15,8 +15,8 @@
   in the working directory or ``WANDB_DIR``, never into the run directory (W&B links its core's
   debug log there from its cache: a link leading out, which posenc refuses). The settings are its
   config; every scalar goes into its history with its step under ``global_step``
-  (``train_seconds`` for ``time/`` tags), the x-axis each tag is plotted against. A resumed run
-  continues its W&B run (its id is kept in ``RUN/wandb.json`` and passed with
+  (``train_seconds`` for ``vs_train_seconds/`` tags), the x-axis each tag is plotted against. A
+  resumed run continues its W&B run (its id is kept in ``RUN/wandb.json`` and passed with
   ``resume="allow"``); as with MLflow, steps logged again after a resume appear twice.
 """
 
@@ -34,7 +34,19 @@ from typing import Any, Protocol
 from posenc.config import LoggerConfig
 from posenc.runtime.files import open_append, read_json, replacing, write_json
 
-TIME_PREFIX = "time/"
+#: the group of the curves whose step is whole seconds of training time, named so that the unit
+#: shows where TensorBoard labels the x axis "Step" (and its cards follow the loss curves)
+TIME_PREFIX = "vs_train_seconds/"
+#: the same group as runs logged it before it was renamed; read as seconds too
+LEGACY_TIME_PREFIX = "time/"
+
+
+def is_time_tag(tag: str) -> bool:
+    """Whether ``tag``'s step counts whole seconds of training (:data:`TIME_PREFIX`, or the
+    :data:`LEGACY_TIME_PREFIX` of older runs) rather than optimizer steps."""
+    return tag.startswith((TIME_PREFIX, LEGACY_TIME_PREFIX))
+
+
 CSV_FIELDS = ("tag", "step", "value", "wall_time")
 #: the W&B history keys holding a scalar's step: training steps, and seconds for ``time/`` tags
 WANDB_STEP, WANDB_SECONDS = "global_step", "train_seconds"
@@ -52,8 +64,8 @@ class ScalarSink(Protocol):
 
 def keeps(tag: str, step: int, resume_step: int, resume_seconds: int) -> bool:
     """Whether a scalar logged before a resume survives it (the rule TensorBoard's truncation
-    follows: ``time/`` tags up to the checkpoint's second, the others up to its step)."""
-    return step <= (resume_seconds if tag.startswith(TIME_PREFIX) else resume_step)
+    follows: seconds tags up to the checkpoint's second, the others up to its step)."""
+    return step <= (resume_seconds if is_time_tag(tag) else resume_step)
 
 
 class CsvSink:
@@ -153,9 +165,9 @@ def wandb_run_id(id_file: Path) -> str:
 class WandbSink:
     """One W&B run, through its own run object (``reinit="create_new"``: the jobs of a Hydra
     multirun in one process never share W&B's global run). The scalars of one step go into one
-    history row with that step under :data:`WANDB_STEP` (:data:`WANDB_SECONDS` for ``time/``
-    tags), which ``define_metric`` makes each tag's x-axis; W&B's own ``_step`` only counts
-    rows, so steps logged again after a resume are kept, never dropped as out of order."""
+    history row with that step under :data:`WANDB_STEP` (:data:`WANDB_SECONDS` for seconds tags,
+    :func:`is_time_tag`), which ``define_metric`` makes each tag's x-axis; W&B's own ``_step`` only
+    counts rows, so steps logged again after a resume are kept, never dropped as out of order."""
 
     def __init__(
         self,
@@ -196,7 +208,7 @@ class WandbSink:
         self._at: tuple[str, int] = (WANDB_STEP, -1)
 
     def add(self, tag: str, value: float, step: int) -> None:
-        key = WANDB_SECONDS if tag.startswith(TIME_PREFIX) else WANDB_STEP
+        key = WANDB_SECONDS if is_time_tag(tag) else WANDB_STEP
         if tag not in self._defined:
             self.run.define_metric(tag, step_metric=key)
             self._defined.add(tag)

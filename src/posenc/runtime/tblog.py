@@ -1,8 +1,8 @@
 """TensorBoard logging of a run: curves against steps and against training seconds.
 
-Tags under ``time/`` use whole seconds of training time (evaluation excluded) as their step, so
-loss-vs-time curves of different encodings compare directly. A resumed run first truncates the
-event files to the checkpoint (steps after it, seconds after it), so no step is logged twice.
+Tags under ``vs_train_seconds/`` use whole seconds of training time (evaluation excluded) as their
+step, so loss-vs-time curves of different encodings compare directly. A resumed run first truncates
+the event files to the checkpoint (steps after it, seconds after it), so no step is logged twice.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ RECORD_OVERHEAD = 16  # bytes of a TFRecord around its data: length, its CRC, th
 
 
 def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
-    """Drop events logged after ``max_step`` (step tags) or ``max_seconds`` (``time/`` tags).
+    """Drop events logged after ``max_step`` (step tags) or ``max_seconds`` (seconds tags).
 
     An event file with something to drop, or with a record cut short by a kill at its end, is
     rewritten to a temporary file and renamed over the original (a truncation killed half-way
@@ -107,7 +107,7 @@ class RunLogger:
             sink.add(tag, value, step)
 
     def against_time(self, name: str, value: float, seconds: float) -> None:
-        """Log ``time/NAME`` at whole training seconds, at most once per second per name."""
+        """Log ``vs_train_seconds/NAME`` at whole training seconds, at most once a second each."""
         second = int(seconds)
         if second > self._last_second.get(name, -1):
             self.add(TIME_PREFIX + name, value, second)

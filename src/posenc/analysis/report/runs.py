@@ -16,6 +16,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from posenc.config import CONFIG_DIR, RUN_CONTROL_KEYS, flatten, reference_encoding
+from posenc.runtime.sinks import LEGACY_TIME_PREFIX, TIME_PREFIX
 from posenc.runtime.untrusted import (
     INT,
     Fields,
@@ -33,11 +34,14 @@ DONE, FAILED, UNFINISHED = "done", "failed", "unfinished"
 #: the TensorBoard tags of the learning curves: the validation loss against steps and against
 #: training seconds, and the training loss (the objective, label smoothing included) likewise
 CURVE_TAGS = {
-    "steps": "valid/loss",
-    "time": "time/valid_loss",
-    "train_steps": "train/loss",
-    "train_time": "time/train_loss",
+    "steps": ("valid/loss",),
+    "time": (TIME_PREFIX + "valid_loss", LEGACY_TIME_PREFIX + "valid_loss"),
+    "train_steps": ("train/loss",),
+    "train_time": (TIME_PREFIX + "train_loss", LEGACY_TIME_PREFIX + "train_loss"),
 }
+"""Each curve's tags, the first a run has is read: runs logged before the seconds curves were
+renamed hold them under :data:`LEGACY_TIME_PREFIX`."""
+WANTED_TAGS = {tag for tags in CURVE_TAGS.values() for tag in tags}
 
 #: a curve: x values (steps or seconds, increasing) and the losses there
 Curve = tuple[np.ndarray, np.ndarray]
@@ -141,8 +145,9 @@ Points = dict[str, dict[float, float]]
 def _curves(points: Points) -> dict[str, Curve]:
     """:data:`CURVE_TAGS`' curves from each tag's points, sorted by step."""
     curves: dict[str, Curve] = {}
-    for name, tag in CURVE_TAGS.items():
-        if points.get(tag):
+    for name, tags in CURVE_TAGS.items():
+        tag = next((t for t in tags if points.get(t)), None)
+        if tag is not None:
             steps = sorted(points[tag])
             values = [points[tag][s] for s in steps]
             curves[name] = (np.array(steps, dtype=float), np.array(values, dtype=float))
@@ -156,7 +161,7 @@ def _event_points(tb_dir: Path) -> Points:
     try:
         events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
         events.Reload()
-        tags = set(events.Tags().get("scalars", [])) & set(CURVE_TAGS.values())
+        tags = set(events.Tags().get("scalars", [])) & WANTED_TAGS
         return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in tags}
     except Exception:  # a half-written event file of a running job must not stop the report
         return {}
@@ -174,7 +179,7 @@ def _csv_points(path: Path) -> Points:
         text = read_text(path, MAX_CSV_BYTES)
     except UntrustedFileError:
         return {}
-    wanted = set(CURVE_TAGS.values())
+    wanted = WANTED_TAGS
     points: Points = {}
     for row in csv.reader(io.StringIO(text)):
         if len(row) != 4 or row[0] not in wanted:
