@@ -61,7 +61,7 @@ def test_logits_match_the_loop_reference_forward_and_backward(init):
     q = torch.randn(2, HEADS, 5, HEAD_DIM, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, HEADS, 5, HEAD_DIM, dtype=torch.float64, requires_grad=True)
     pq, pk = polar_qk(encoding, q, k, positions)
-    fast = pq @ pk.transpose(-1, -2) * PolarRule.scale(pq)
+    fast = pq @ pk.transpose(-1, -2) * PolarRule().score_scale(pq)
     delta = encoding.phase_bias.clamp(-2 * math.pi, 0.0)
     ref = paper_scores(q, k, positions, delta)
     # theta is stored in float32 (as RoPE's and x-transformers'), the reference is exact

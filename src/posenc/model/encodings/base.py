@@ -175,6 +175,11 @@ class AttentionRule(EncodingModule):
         """Additive logit bias ``(B|1, H|1, Lq, Lk)``, or None."""
         return None
 
+    def score_scale(self, q: Tensor) -> float | None:
+        """The factor of ``q k^T`` in the logits; None: ``1/sqrt(D)`` of ``q``'s last dim (for
+        a rule whose :meth:`prepare` changes the width of q and k, as PoPE doubles it)."""
+        return None
+
     def weights(
         self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
@@ -184,7 +189,11 @@ class AttentionRule(EncodingModule):
         ``softmax(q k^T / sqrt(D) + bias)`` under the call's mask; rules that override
         :meth:`forward` override this too.
         """
-        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        scale = self.score_scale(q)
+        if scale is None:
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        else:
+            scores = q @ k.transpose(-1, -2) * scale
         bias = self.bias(q, k, key_state, call)
         if bias is not None:
             scores = scores + bias.to(scores.dtype)
@@ -194,11 +203,15 @@ class AttentionRule(EncodingModule):
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         """Attention output ``(B, H, Lq, D)`` from ``q (B, H, Lq, D)``, ``k, v (B, H, Lk, D)``."""
-        bias = self.bias(q, k, key_state, call)
+        bias, scale = self.bias(q, k, key_state, call), self.score_scale(q)
         if bias is None and call.sdpa_is_causal:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=call.dropout_p, is_causal=True)
+            return F.scaled_dot_product_attention(
+                q, k, v, dropout_p=call.dropout_p, is_causal=True, scale=scale
+            )
         mask = additive_mask(bias, call, q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=call.dropout_p)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=call.dropout_p, scale=scale
+        )
 
 
 class StackEncoding(EncodingModule):

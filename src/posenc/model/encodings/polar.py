@@ -34,12 +34,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.model.encodings.base import (
-    AttentionCall,
     AttentionRule,
     Site,
     StackEncoding,
-    additive_mask,
-    masked_softmax,
 )
 
 PHASE_BIAS_INITS = ("zero", "uniform")
@@ -71,8 +68,8 @@ class PolarPhases:
 
 class PolarRule(AttentionRule):
     """Self-attention of one PoPE layer: new queries and keys turned into polar form with the
-    stack's :class:`PolarPhases` before caching (``(B, H, L, 2D)``), then softmax attention at
-    the head's ``1/sqrt(D)``."""
+    stack's :class:`PolarPhases` before caching (``(B, H, L, 2D)``), then the base class's
+    softmax attention at the head's ``1/sqrt(D)`` (values keep ``D`` dims)."""
 
     def prepare(
         self, q: Tensor, k: Tensor, x: Tensor, positions: Tensor, context: PolarPhases | None = None
@@ -85,30 +82,9 @@ class PolarRule(AttentionRule):
             )
         return to_polar(q, context.query), to_polar(k, context.key), None
 
-    @staticmethod
-    def scale(q: Tensor) -> float:
+    def score_scale(self, q: Tensor) -> float:
         """``1/sqrt(D)`` of the head, for polar ``q (..., 2D)``."""
         return 1.0 / math.sqrt(q.shape[-1] // 2)
-
-    def weights(
-        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
-    ) -> Tensor:
-        return masked_softmax(q @ k.transpose(-1, -2) * self.scale(q), call)
-
-    def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
-    ) -> Tensor:
-        """Output ``(B, H, Lq, D)`` from polar ``q (B, H, Lq, 2D)``, ``k (B, H, Lk, 2D)`` and
-        ``v (B, H, Lk, D)``."""
-        scale = self.scale(q)
-        if call.sdpa_is_causal:
-            return F.scaled_dot_product_attention(
-                q, k, v, dropout_p=call.dropout_p, is_causal=True, scale=scale
-            )
-        mask = additive_mask(None, call, q.dtype)
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=call.dropout_p, scale=scale
-        )
 
 
 class PolarEncoding(StackEncoding):

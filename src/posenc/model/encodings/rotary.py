@@ -248,7 +248,26 @@ class DynamicNTKTables:
         )
 
 
-class DynamicNTKEncoderRule(AttentionRule):
+class RotateAtAttention(AttentionRule):
+    """A rule that rotates q and k when it attends (:meth:`rotated`) rather than before they
+    are cached; attention is then the base class's."""
+
+    def rotated(self, q: Tensor, k: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor]:
+        """``q (B, H, Lq, D)`` and ``k (B, H, Lk, D)`` rotated for ``call``."""
+        raise NotImplementedError
+
+    def weights(
+        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> Tensor:
+        return super().weights(*self.rotated(q, k, call), key_state, call)
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> Tensor:
+        return super().forward(*self.rotated(q, k, call), v, key_state, call)
+
+
+class DynamicNTKEncoderRule(RotateAtAttention):
     """Dynamic NTK in the encoder: q and k are rotated at attention time, where the padding mask
     tells each source's length (:class:`DynamicNTKTables`); the encoder caches nothing, so this
     costs what rotating in :meth:`prepare` would.
@@ -264,18 +283,8 @@ class DynamicNTKEncoderRule(AttentionRule):
         table = call.context.table(call.key_padding_mask)
         return rotate(q, table), rotate(k, table)
 
-    def weights(
-        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
-    ) -> Tensor:
-        return super().weights(*self.rotated(q, k, call), key_state, call)
 
-    def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
-    ) -> Tensor:
-        return super().forward(*self.rotated(q, k, call), v, key_state, call)
-
-
-class CrossRotaryRule(AttentionRule):
+class CrossRotaryRule(RotateAtAttention):
     """Cross-attention with RoPE at both sides' own positions (x-transformers' ``context_pos``):
     queries rotated at their target positions ``call.q_pos``, memory keys at their source
     positions ``call.k_pos``, so ``q_t . k_s`` depends on ``t - s``. Keys are rotated at
@@ -296,16 +305,6 @@ class CrossRotaryRule(AttentionRule):
         q_table = rotation_table(call.q_pos, self.inv_freq, self.attention_factor)
         k_table = rotation_table(call.k_pos, self.inv_freq, self.attention_factor)
         return rotate(q, q_table), rotate(k, k_table)
-
-    def weights(
-        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
-    ) -> Tensor:
-        return super().weights(*self.rotated(q, k, call), key_state, call)
-
-    def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
-    ) -> Tensor:
-        return super().forward(*self.rotated(q, k, call), v, key_state, call)
 
 
 class _RotaryStack(StackEncoding):
