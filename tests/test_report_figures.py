@@ -146,7 +146,7 @@ def test_score_bars_name_their_split_and_axes_and_bars_sharing_a_colour_differ(t
         n: [entry(n, 0, bleu=10.0 + i, chrf=30.0, sentences=3003)] for i, n in enumerate(names)
     }
     fig = plot_scores(Writer(tmp_path), "newstest2014", systems, palette(names), {})
-    assert fig._suptitle.get_text().startswith("newstest2014, 3,003 sentences")
+    assert fig._suptitle.get_text().startswith("newstest2014, 3,003 sentences\n")
     bleu = fig.axes[0]
     assert bleu.get_ylabel() == "BLEU"
     bars = [c.patches[0] for c in bleu.containers if isinstance(c, BarContainer)]

@@ -151,9 +151,9 @@ def plot_scores(
     if len(sentences) == 1 and isinstance(only := next(iter(sentences)), int):
         counted = f", {only:,} sentences"
     fig.suptitle(
-        f"{split}{counted}: bars mean over seeds, dots seeds, error bars seed sd "
-        "(95% bootstrap CIs over sentences: the significance section)",
-        fontsize=9,
+        f"{split}{counted}\nbars: mean over seeds; dots: seeds; error bars: seed sd\n"
+        "(95% bootstrap intervals over sentences: the significance section's figure)",
+        fontsize=8,
     )
     w.figure(fig, f"scores_{slug(split)}.png", f"scores on {split}")
     return fig
