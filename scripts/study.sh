@@ -83,15 +83,33 @@ bounded() {  # run "$@" within what is left of the budget; the study ends once i
   return 0  # a failed job is in its failed.json; the study goes on
 }
 
+side_by_side() {  # side_by_side OVERRIDES... -- VARIANTS...: each variant (one encoding and its
+  # options, a multirun of one job) as its own call, two calls at a time so both cores work
+  local shared=() variants i pids
+  while [ "$1" != "--" ]; do shared+=("$1"); shift; done
+  shift
+  variants=("$@")
+  for ((i = 0; i < ${#variants[@]}; i += 2)); do
+    pids=()  # wait for these two only: the archiver runs in the background too
+    # shellcheck disable=SC2086  # a variant is several overrides
+    bounded $PY train.py -m ${variants[i]} "${shared[@]}" "${common[@]}" &
+    pids+=($!)
+    if ((i + 1 < ${#variants[@]})); then
+      # shellcheck disable=SC2086
+      bounded $PY train.py -m ${variants[i + 1]} "${shared[@]}" "${common[@]}" &
+      pids+=($!)
+    fi
+    wait "${pids[@]}"
+    (($(left) > 60)) || { echo "study: budget spent"; exit 0; }
+  done
+}
+
 for stage in $STAGES; do
   case $stage in
     compare)
       for seed in $SEEDS; do
         bounded $PY train.py -m experiment=compare "seed=$seed" "${common[@]}"
-        for variant in "${VARIANTS[@]}"; do  # one option of one encoding per call
-          # shellcheck disable=SC2086  # a variant is several overrides
-          bounded $PY train.py -m experiment=compare $variant "seed=$seed" "${common[@]}"
-        done
+        side_by_side experiment=compare "seed=$seed" -- "${VARIANTS[@]}"
       done ;;
     beam5)
       for run in outputs/sweeps/compare/*@*/; do
@@ -102,10 +120,7 @@ for stage in $STAGES; do
     extrap)
       for seed in $SEEDS; do
         bounded $PY train.py -m experiment=extrapolation "seed=$seed" "${common[@]}"
-        for variant in "${EXTRAP_VARIANTS[@]}"; do
-          # shellcheck disable=SC2086  # a variant is several overrides
-          bounded $PY train.py -m experiment=extrapolation $variant "seed=$seed" "${common[@]}"
-        done
+        side_by_side experiment=extrapolation "seed=$seed" -- "${EXTRAP_VARIANTS[@]}"
         for run in outputs/sweeps/extrapolation/pe=rope,seed="$seed"@*/; do  # RoPE's scalings
           [ -f "$run/metrics.json" ] || continue
           bounded $PY -m posenc.evaluation "run_dir=$run" "$ROPE_SCALINGS" threads=2 \
