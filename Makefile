@@ -38,9 +38,8 @@ demo: install  ## the main job: two short sweeps, their reports and readings (RE
 	HF_HUB_OFFLINE=1 $(PY) train.py -m experiment=demo_toy
 	$(PY) scripts/report.py outputs/sweeps/demo --split tatoeba
 	$(PY) scripts/report.py outputs/sweeps/demo_toy
-	@echo "curves and HParams, one sweep per TensorBoard (each sweep's HParams summary covers its own runs):"
-	@echo "  $(VENV)/bin/tensorboard --logdir outputs/sweeps/demo"
-	@echo "  $(VENV)/bin/tensorboard --logdir outputs/sweeps/demo_toy --port 6007"
+	@echo "curves and HParams of both sweeps: $(VENV)/bin/tensorboard --logdir outputs/sweeps"
+	@echo "  (of one sweep: --logdir outputs/sweeps/demo)"
 
 report: install  ## report of a sweep: make report SWEEP=outputs/sweeps/NAME
 	$(PY) scripts/report.py $(SWEEP)

@@ -31,6 +31,8 @@ from posenc.runtime.hparams import (
     experiment,
     hydra_sweep_root,
     read_sessions,
+    sweeps_parent,
+    write_all_sweeps_experiment,
     write_sweep_experiment,
 )
 from posenc.runtime.rundir import RunDir
@@ -213,3 +215,32 @@ def test_a_multirun_job_rewrites_the_sweep_summary_when_it_logs_its_session(tmp_
     assert infos["pe.name"].differs
     assert [python(v) for v in infos["pe.name"].domain_discrete.values] == ["nonepe", "rope"]
     assert "cache_dir" not in infos and "seed" in infos  # posenc.config.RUN_CONTROL_KEYS
+
+
+def test_tensorboard_on_the_folder_of_several_sweeps_shows_every_sweeps_settings(tmp_path):
+    """Each sweep keeps its own summary (right for TensorBoard on that sweep); Hydra's
+    ``outputs/sweeps`` gets one of every sweep, which TensorBoard on it takes: its filters list
+    the values of both sweeps and its metrics both sweeps' scores."""
+    sweeps = tmp_path / "outputs" / "sweeps"
+    for name, (params, loss, bleu) in RUNS.items():
+        log_run(sweeps / "demo", name, {**params, "data.name": "local"}, loss, bleu)
+    toy = RunLogger(sweeps / "demo_toy" / "pe=alibi" / "tb")
+    toy.hparams({"pe.name": "alibi", "seed": 0, "data.name": "toy"}, {"hparam/toy_bleu": 90.0}, 4)
+    toy.close()
+    for sweep in ("demo", "demo_toy"):
+        write_sweep_experiment(sweeps / sweep)
+    assert sweeps_parent(sweeps / "demo") == sweeps.resolve() and sweeps_parent(tmp_path) is None
+    written = write_all_sweeps_experiment(sweeps)
+    assert written is not None and written.parent == sweeps
+    exp = TensorBoardView(sweeps).experiment()
+    infos = {info.name: info for info in exp.hparam_infos}
+    assert {python(v) for v in infos["data.name"].domain_discrete.values} == {"local", "toy"}
+    metrics = {info.name.tag for info in exp.metric_infos}
+    assert {"hparam/test_bleu", "hparam/toy_bleu"} <= metrics
+    one = TensorBoardView(sweeps / "demo").experiment()  # a sweep on its own: its summary
+    assert {
+        python(v) for v in {i.name: i for i in one.hparam_infos}["data.name"].domain_discrete.values
+    } == {"local"}
+    assert len(read_sessions(sweeps)) == 4  # the summary file is no session
+    again = write_all_sweeps_experiment(sweeps)
+    assert sorted(p.name for p in sweeps.glob("*tfevents*")) == [again.name]

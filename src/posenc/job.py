@@ -301,7 +301,12 @@ def _log_hparams(cfg: DictConfig, run_dir: RunDir, metrics: dict[str, Any]) -> N
     """The run's session in TensorBoard's HParams tab (its settings, final scores and best
     validation loss); in a multirun, then the sweep's experiment summary at the sweep's root,
     rewritten from every session under it (:mod:`posenc.runtime.hparams`)."""
-    from posenc.runtime.hparams import hydra_sweep_root, write_sweep_experiment
+    from posenc.runtime.hparams import (
+        hydra_sweep_root,
+        sweeps_parent,
+        write_all_sweeps_experiment,
+        write_sweep_experiment,
+    )
 
     train_info = metrics.get("train", {})
     values = {"hparam/valid_loss": train_info.get("best_valid_loss")}
@@ -319,5 +324,7 @@ def _log_hparams(cfg: DictConfig, run_dir: RunDir, metrics: dict[str, Any]) -> N
     if root is not None:
         try:
             write_sweep_experiment(root)
+            if (parent := sweeps_parent(root)) is not None:
+                write_all_sweeps_experiment(parent)
         except OSError as err:  # the run is done; a full disk must not fail it here
             log.warning("TensorBoard's HParams summary of %s not written: %s", root, err)

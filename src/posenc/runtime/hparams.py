@@ -15,7 +15,9 @@ differing". Hence:
   multirun rewrites it when it finishes (after its own session is written, under a lock, so the
   last job to finish sees every session) and so does ``scripts/report.py``;
 - a single run (``outputs/runs/NAME/...``) writes no experiment summary: TensorBoard builds the
-  tab from its session (and compares the runs correctly when pointed at several).
+  tab from its session (and compares the runs correctly when pointed at several);
+- Hydra's ``outputs/sweeps`` itself holds one summary of every sweep in it
+  (:func:`write_all_sweeps_experiment`), so TensorBoard pointed there compares them all.
 
 The summary's directory is named by a hash of its content and the previous one is removed: a
 TensorBoard that is already running keeps the first summary it read of a run directory, but it
@@ -121,7 +123,8 @@ def _event_files(root: Path) -> Iterator[Path]:
     summaries and of hidden directories (temporary ones, Hydra's)."""
     for path in sorted(root.rglob("*tfevents*")):
         parts = path.relative_to(root).parts[:-1]
-        if not any(p.startswith(".") or EXPERIMENT_DIR.fullmatch(p) for p in parts):
+        summary = path.name.endswith(ALL_SWEEPS_SUFFIX)
+        if not summary and not any(p.startswith(".") or EXPERIMENT_DIR.fullmatch(p) for p in parts):
             yield path
 
 
@@ -240,6 +243,55 @@ def write_sweep_experiment(root: Path) -> Path | None:
             if old != kept and old.is_dir() and (stale or EXPERIMENT_DIR.fullmatch(old.name)):
                 shutil.rmtree(old, ignore_errors=True)
     return kept
+
+
+#: the file name ending of the summary of every sweep, in Hydra's ``outputs/sweeps`` itself
+ALL_SWEEPS_SUFFIX = ".sweeps"
+
+
+def sweeps_parent(sweep: Path) -> Path | None:
+    """The folder that holds ``sweep`` beside other sweeps when it is Hydra's ``.../sweeps``
+    (``hydra.sweep.dir`` is ``outputs/sweeps/NAME``); None for a sweep anywhere else."""
+    parent = Path(sweep).resolve().parent
+    return parent if parent.name == "sweeps" else None
+
+
+def write_all_sweeps_experiment(parent: Path) -> Path | None:
+    """One experiment summary of every session under ``parent`` (every sweep), written as an
+    event file in ``parent`` itself, the previous one replaced; returns it (None, removing the
+    old one, when no run has a session).
+
+    TensorBoard shows one experiment summary for a whole log directory: pointed at ``parent``
+    it takes this one (the top directory's own run comes first), so the HParams tab lists every
+    sweep's settings and metrics; pointed at one sweep it never sees it and takes that sweep's.
+    A TensorBoard already running keeps the summary it read first: restart it for new sweeps.
+    """
+    parent = Path(parent)
+    with _locked(parent):
+        old = sorted(parent.glob(f"*tfevents*{ALL_SWEEPS_SUFFIX}"))
+        sessions = read_sessions(parent)
+        written = None
+        if sessions:
+            exp = experiment(sessions, f"{len(sessions)} runs under {parent.name}")
+            summary = _summary(
+                metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=exp)
+            )
+            tmp = Path(tempfile.mkdtemp(prefix=".hparams-", suffix=".tmp", dir=parent))
+            try:
+                writer = EventFileWriter(str(tmp), filename_suffix=ALL_SWEEPS_SUFFIX)
+                writer.add_event(
+                    event_pb2.Event(wall_time=exp.time_created_secs, step=0, summary=summary)
+                )
+                writer.close()
+                (made,) = tmp.iterdir()
+                written = parent / made.name
+                made.rename(written)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        for path in old:
+            if path != written:
+                path.unlink(missing_ok=True)
+    return written
 
 
 def hydra_sweep_root(run_path: Path) -> Path | None:

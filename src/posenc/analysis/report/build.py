@@ -32,7 +32,11 @@ from posenc.analysis.report.sections_by_split import split_sections
 from posenc.analysis.report.stats import system_order
 from posenc.runtime.cli import one_line_errors
 from posenc.runtime.files import write_text
-from posenc.runtime.hparams import write_sweep_experiment
+from posenc.runtime.hparams import (
+    sweeps_parent,
+    write_all_sweeps_experiment,
+    write_sweep_experiment,
+)
 from posenc.runtime.untrusted import UntrustedFileError
 
 
@@ -53,6 +57,8 @@ def refresh_hparams(sweep: Path) -> str:
     killed before it); returns the report's sentence about it."""
     try:
         written = write_sweep_experiment(sweep)
+        if (parent := sweeps_parent(sweep)) is not None:
+            write_all_sweeps_experiment(parent)
     except OSError as err:
         return f"TensorBoard's HParams summary could not be written: {first_line(err)}."
     if written is None:
