@@ -208,11 +208,33 @@ def _locked(root: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _write_event(directory: Path, summary: summary_pb2.Summary, wall_time: float) -> None:
-    """One event file in ``directory`` holding ``summary`` at step 0."""
-    writer = EventFileWriter(str(directory), filename_suffix=".sweep")
+def _write_event(
+    directory: Path, summary: summary_pb2.Summary, wall_time: float, suffix: str = ".sweep"
+) -> None:
+    """One event file in ``directory`` (its name ending in ``suffix``) holding ``summary`` at
+    step 0."""
+    writer = EventFileWriter(str(directory), filename_suffix=suffix)
     writer.add_event(event_pb2.Event(wall_time=wall_time, step=0, summary=summary))
     writer.close()
+
+
+def _experiment_summary(
+    sessions: Sequence[Session], where: str
+) -> tuple[summary_pb2.Summary, float]:
+    """The experiment summary of ``sessions`` (runs under the folder ``where``) and its time."""
+    exp = experiment(sessions, f"{len(sessions)} runs under {where}")
+    data = plugin_data_pb2.HParamsPluginData(experiment=exp)
+    return _summary(metadata.EXPERIMENT_TAG, data), exp.time_created_secs
+
+
+def _remove_stale(root: Path, keep: Path | None, summaries: bool = True) -> None:
+    """Remove what a killed write left in ``root`` and, with ``summaries``, its
+    experiment-summary folders but ``keep``."""
+    for old in root.iterdir():
+        stale = old.name.startswith(".hparams-") and old.name.endswith(".tmp")  # a kill's
+        summary = summaries and EXPERIMENT_DIR.fullmatch(old.name)
+        if old != keep and old.is_dir() and (stale or summary):
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def write_sweep_experiment(root: Path) -> Path | None:
@@ -225,23 +247,17 @@ def write_sweep_experiment(root: Path) -> Path | None:
         sessions = read_sessions(root)
         kept = None
         if sessions:
-            exp = experiment(sessions, f"{len(sessions)} runs under {root.name}")
-            summary = _summary(
-                metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=exp)
-            )
+            summary, wall_time = _experiment_summary(sessions, root.name)
             digest = hashlib.sha1(summary.SerializeToString()).hexdigest()[:12]
             kept = root / f"hparams-{digest}"
             if not kept.is_dir():
                 tmp = Path(tempfile.mkdtemp(prefix=".hparams-", suffix=".tmp", dir=root))
                 try:
-                    _write_event(tmp, summary, exp.time_created_secs)
+                    _write_event(tmp, summary, wall_time)
                     tmp.rename(kept)
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
-        for old in root.iterdir():
-            stale = old.name.startswith(".hparams-") and old.name.endswith(".tmp")  # a kill's
-            if old != kept and old.is_dir() and (stale or EXPERIMENT_DIR.fullmatch(old.name)):
-                shutil.rmtree(old, ignore_errors=True)
+        _remove_stale(root, kept)
     return kept
 
 
@@ -272,25 +288,19 @@ def write_all_sweeps_experiment(parent: Path) -> Path | None:
         sessions = read_sessions(parent)
         written = None
         if sessions:
-            exp = experiment(sessions, f"{len(sessions)} runs under {parent.name}")
-            summary = _summary(
-                metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=exp)
-            )
+            summary, wall_time = _experiment_summary(sessions, parent.name)
             tmp = Path(tempfile.mkdtemp(prefix=".hparams-", suffix=".tmp", dir=parent))
             try:
-                writer = EventFileWriter(str(tmp), filename_suffix=ALL_SWEEPS_SUFFIX)
-                writer.add_event(
-                    event_pb2.Event(wall_time=exp.time_created_secs, step=0, summary=summary)
-                )
-                writer.close()
-                (made,) = tmp.iterdir()
+                _write_event(tmp, summary, wall_time, ALL_SWEEPS_SUFFIX)
+                (made,) = tmp.iterdir()  # the one file written into a fresh folder
                 written = parent / made.name
-                made.rename(written)
+                made.rename(written)  # whole, in one step: a reader sees it or the old one
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         for path in old:
             if path != written:
                 path.unlink(missing_ok=True)
+        _remove_stale(parent, None, summaries=False)  # its sweeps' own are theirs
     return written
 
 
