@@ -109,14 +109,12 @@ def improved(
     return loss < best_loss
 
 
-def stop_early(
-    patience: int | None, since_best: int | None, device: torch.device, metric: str | None
-) -> bool:
+def stop_early(patience: int | None, since_best: int | None, device: torch.device) -> bool:
     """Whether ``patience`` validations in a row have not improved on the best (rank 0's
     ``since_best``, None elsewhere; every rank gets the answer)."""
     worse = float(since_best) if since_best is not None else 0.0
     worse = distributed.all_reduce([worse], device, "max")[0]
-    return bool(patience) and worse >= patience and not math.isnan(worse)
+    return bool(patience) and worse >= patience
 
 
 def best_metric_name(metric: str | None) -> str:
@@ -171,7 +169,7 @@ def validate(run: Training) -> None:
         )
         log.info("step %d: valid loss %.4f%s%s", state.step, loss, bleu_text, " (best)" * best)
     since_best = state.validations_since_best if run.logger is not None else None
-    if stop_early(run.trainer.patience, since_best, run.device, metric) and not state.stopped_early:
+    if stop_early(run.trainer.patience, since_best, run.device) and not state.stopped_early:
         state.stopped_early = True
         if run.logger is not None:
             log.info(
