@@ -206,13 +206,14 @@ def test_test_time_encoding_variants_are_scored_with_the_trained_weights(tmp_pat
 
 
 def test_max_source_tokens_keeps_only_short_training_sources(tmp_path):
+    from posenc.data.pools import PooledBatcher
     from posenc.training.loop import prepare
 
-    cfg = compose(*SMOKE, "trainer.max_source_tokens=6")
-    _, data = prepare(cfg, tmp_path)
-    assert data.train_src and max(len(s) for s in data.train_src) <= 6
-    _, full = prepare(compose(*SMOKE), tmp_path)
-    assert max(len(s) for s in full.train_src) > 6
+    _, data = prepare(compose(*SMOKE), tmp_path)
+    short = PooledBatcher(data.train, 64, max_source_tokens=6)
+    sources = [data.train.src[i] for batch in short.batches(0) for i in batch]
+    assert sources and max(len(s) for s in sources) <= 6
+    assert short.dropped > 0 and max(len(data.train.src[i]) for i in range(len(data.train))) > 6
 
 
 def test_raising_max_steps_on_the_command_line_continues_the_same_run(tmp_path):

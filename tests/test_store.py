@@ -36,11 +36,12 @@ def test_a_store_gives_back_every_pair_and_keeps_what_the_length_limits_keep(tmp
     store = open_store(tmp_path / "store")
     assert [store.src[i] for i in range(len(store))] == src
     assert [store.tgt[i] for i in range(len(store))] == tgt
-    assert store.src.lengths.tolist() == [3, 1, 5, 1]
-    short = store.within(max_positions=5, max_source_tokens=3)
-    assert [short.src[i] for i in range(len(short))] == [[5, 6, 7], [8], [14]]
-    assert short.tgt.lengths.tolist() == [1, 4, 2]
-    assert len(store.within(None, None)) == 4
+    assert store.src.lengths().tolist() == [3, 1, 5, 1]
+    assert store.tgt.lengths(1, 3).tolist() == [4, 1]
+    rows, src_lengths, tgt_lengths = store.within(max_positions=5, max_source_tokens=3)
+    assert [store.src[i] for i in rows] == [[5, 6, 7], [8], [14]]
+    assert (src_lengths.tolist(), tgt_lengths.tolist()) == ([3, 1, 1], [1, 4, 2])
+    assert store.within(None, None)[0].tolist() == [0, 1, 2, 3]
 
 
 def test_limits_select_the_rows_and_order_encode_pairs_keeps(tmp_path):
@@ -55,9 +56,9 @@ def test_limits_select_the_rows_and_order_encode_pairs_keeps(tmp_path):
     store = open_store(tmp_path / "store")
     for limits in ((8, None), (None, 5), (12, 6)):
         expected_src, expected_tgt, _ = encode_pairs(tokenizer, train, *limits)
-        kept = store.within(*limits)
-        assert [kept.src[i] for i in range(len(kept))] == expected_src
-        assert [kept.tgt[i] for i in range(len(kept))] == expected_tgt
+        rows = store.within(*limits)[0]
+        assert [store.src[i] for i in rows] == expected_src
+        assert [store.tgt[i] for i in rows] == expected_tgt
 
 
 def test_a_second_run_reads_the_prepared_corpus_and_trains_identically(tmp_path, monkeypatch):

@@ -256,6 +256,7 @@ class TrainerConfig(ConfigGroup):
     accumulate: int = setting(**POSITIVE)
     max_positions: int | None = setting("int", low=1, optional=True)
     max_source_tokens: int | None = setting("int", low=1, optional=True)
+    batch_pool: int | None = setting("int", low=1, optional=True)
     lr: float = setting("number", low=0)
     betas: tuple[float, float] = setting("pair", low=0, high=1)
     weight_decay: float = setting("number", low=0)

@@ -68,7 +68,9 @@ class TokenBatcher:
         self.max_tokens = int(max_tokens)
         self.seed, self.shuffle = int(seed), bool(shuffle)
         self.rank, self.world_size = int(rank), int(world_size)
-        self._cuts = self._cut_points(_length_order(self.src, self.tgt))
+        self._cuts = cut_points(
+            self.src, self.tgt, length_order(self.src, self.tgt), self.max_tokens
+        )
         oversized = int((np.maximum(self.src + 1, self.tgt + 2) > self.max_tokens).sum())
         if oversized:
             log.warning(
@@ -83,36 +85,16 @@ class TokenBatcher:
                 "max_tokens or world_size"
             )
 
-    def _cut_points(self, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``[start, end)`` slices of the sorted order, one per batch (``starts``, ``ends``):
-        from each start, greedily the longest run whose padded size fits the budget. Each
-        batch is found with array operations over a window of at most ``max_tokens // 2 + 1``
-        examples (each needs at least 2 target positions), so no per-example Python objects
-        are made."""
-        need = np.maximum(self.src[order] + 1, self.tgt[order] + 2)
-        window = self.max_tokens // 2 + 1
-        sizes = np.arange(1, window + 1)
-        starts, ends, start, count = [], [], 0, len(need)
-        while start < count:
-            longest = np.maximum.accumulate(need[start : start + window])
-            over = np.flatnonzero(longest * sizes[: len(longest)] > self.max_tokens)
-            over = over[over > 0]  # the first example always goes in, alone if it must
-            end = start + (int(over[0]) if len(over) else len(longest))
-            starts.append(start)
-            ends.append(end)
-            start = end
-        return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
-
     def batches(self, epoch: int) -> EpochBatches:
         """This rank's batches of epoch ``epoch`` (each a list of example indices), in training
         order."""
         starts, ends = self._cuts
         if self.shuffle:
             rng = np.random.default_rng([self.seed, int(epoch)])
-            order = _length_order(self.src, self.tgt, rng.random(len(self.src)))
+            order = length_order(self.src, self.tgt, rng.random(len(self.src)))
             batch_order = rng.permutation(len(starts))
         else:
-            order = _length_order(self.src, self.tgt)
+            order = length_order(self.src, self.tgt)
             batch_order = np.arange(len(starts))
         chosen = batch_order[: self._per_rank * self.world_size][self.rank :: self.world_size]
         return EpochBatches(order, starts[chosen], ends[chosen])
@@ -147,7 +129,30 @@ class EpochBatches(Sequence[list[int]]):
     __hash__ = None  # type: ignore[assignment]  (mutable-sequence semantics: equal to lists)
 
 
-def _length_order(
+def cut_points(
+    src: np.ndarray, tgt: np.ndarray, order: np.ndarray, max_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``[start, end)`` slices of ``order`` (example indices sorted by length), one per batch
+    (``starts``, ``ends``, int64): from each start, greedily the longest run whose padded size
+    ``count * max(src + 1, tgt + 2)`` fits ``max_tokens``. Each batch is found with array
+    operations over a window of at most ``max_tokens // 2 + 1`` examples (each needs at least 2
+    target positions), so no per-example Python objects are made."""
+    need = np.maximum(src[order] + 1, tgt[order] + 2)
+    window = max_tokens // 2 + 1
+    sizes = np.arange(1, window + 1)
+    starts, ends, start, count = [], [], 0, len(need)
+    while start < count:
+        longest = np.maximum.accumulate(need[start : start + window])
+        over = np.flatnonzero(longest * sizes[: len(longest)] > max_tokens)
+        over = over[over > 0]  # the first example always goes in, alone if it must
+        end = start + (int(over[0]) if len(over) else len(longest))
+        starts.append(start)
+        ends.append(end)
+        start = end
+    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+
+
+def length_order(
     src: np.ndarray, tgt: np.ndarray, tiebreak: np.ndarray | None = None
 ) -> np.ndarray:
     """Example indices sorted by source length, then target length, then ``tiebreak`` (then

@@ -15,7 +15,7 @@ It is written into a temporary directory beside it and renamed into place when c
 killed preparation leaves nothing a later run trusts. Its name is a digest of what it depends
 on (:func:`store_key`): the data and tokenizer settings, the sizes and modification times of
 the files read, the tokenizers library's version and this format's. Length limits are not part
-of it: :meth:`TokenStore.within` selects rows from the length arrays.
+of it: :meth:`TokenStore.within` selects rows by their lengths.
 """
 
 from __future__ import annotations
@@ -40,28 +40,27 @@ SIDES = ("src", "tgt")
 
 
 class TokenColumn(Sequence[list[int]]):
-    """One side of a store, as a sequence of id lists: ``column[i]`` is row ``rows[i]``'s ids
-    (all rows when ``rows`` is None); ``lengths`` are their token counts, ``(N,)`` int32. The
-    ids and offsets stay memory-mapped: a process holds 4 bytes a pair (8 with ``rows``)."""
+    """One side of a store, as a sequence of id lists: ``column[i]`` is row ``i``'s ids, read
+    from the memory-mapped ids and offsets. :meth:`lengths` reads the offsets file instead of
+    the map, so a pass over every row's length leaves no pages resident in the process."""
 
-    def __init__(self, ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray | None = None):
-        self._ids, self._offsets, self._rows = ids, offsets, rows
-        ends = offsets[1:] if rows is None else offsets[rows + 1]
-        starts = offsets[:-1] if rows is None else offsets[rows]
-        self.lengths = (ends - starts).astype(np.int32)
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray, offsets_file: Path) -> None:
+        self._ids, self._offsets, self._offsets_file = ids, offsets, offsets_file
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return len(self._offsets) - 1
 
-    def __getitem__(self, i):  # an index, as the training loop asks (slices are not needed)
-        row = i if self._rows is None else self._rows[i]
-        return self._ids[self._offsets[row] : self._offsets[row + 1]].tolist()
+    def __getitem__(self, i):  # a row index, as the training loop asks (slices are not needed)
+        return self._ids[self._offsets[i] : self._offsets[i + 1]].tolist()
 
-    def select(self, rows: np.ndarray) -> TokenColumn:
-        """The column of ``rows`` (positions in this column)."""
-        chosen = rows if self._rows is None else self._rows[rows]
-        index = np.int32 if len(self._offsets) < 2**31 else np.int64
-        return TokenColumn(self._ids, self._offsets, chosen.astype(index))
+    def lengths(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Token counts of rows ``[start, stop)`` (``stop`` None: to the end), ``(rows,)``
+        int32."""
+        stop = len(self) if stop is None else stop
+        ends = np.fromfile(
+            self._offsets_file, dtype=np.int64, count=stop - start + 1, offset=8 * start
+        )
+        return np.diff(ends).astype(np.int32)
 
 
 class TokenStore:
@@ -73,17 +72,28 @@ class TokenStore:
     def __len__(self) -> int:
         return len(self.src)
 
-    def within(self, max_positions: int | None, max_source_tokens: int | None) -> TokenStore:
-        """The pairs whose sides fit ``max_positions`` tokens with EOS and whose source has at
-        most ``max_source_tokens`` tokens (None: no limit), in store order: the rows and order
-        that :func:`posenc.training.inputs.encode_pairs` keeps from the same pairs."""
-        keep = np.ones(len(self), dtype=bool)
+    def within(
+        self,
+        max_positions: int | None,
+        max_source_tokens: int | None,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows of ``[start, stop)`` whose sides fit ``max_positions`` tokens with EOS and
+        whose source has at most ``max_source_tokens`` tokens (None: no limit), in store order
+        (the rows and order that :func:`posenc.training.inputs.encode_pairs` keeps from the
+        same pairs), with their lengths: ``(rows, src_lengths, tgt_lengths)``, ``(kept,)``
+        int64, int32, int32."""
+        src, tgt = self.src.lengths(start, stop), self.tgt.lengths(start, stop)
+        keep = np.ones(len(src), dtype=bool)
         if max_positions:
-            keep &= np.maximum(self.src.lengths, self.tgt.lengths) + 1 <= max_positions
+            keep &= np.maximum(src, tgt) + 1 <= max_positions
         if max_source_tokens:
-            keep &= self.src.lengths <= max_source_tokens
-        rows = np.flatnonzero(keep)
-        return TokenStore(self.src.select(rows), self.tgt.select(rows))
+            keep &= src <= max_source_tokens
+        if keep.all():
+            return np.arange(start, start + len(src), dtype=np.int64), src, tgt
+        kept = np.flatnonzero(keep)
+        return kept + start, src[kept], tgt[kept]
 
 
 def store_key(data: Mapping, tokenizer: Mapping) -> str:
@@ -198,7 +208,7 @@ def open_store(directory: Path) -> TokenStore:
                 if size
                 else np.zeros(0, dtype)
             )
-            columns.append(TokenColumn(ids, offsets))
+            columns.append(TokenColumn(ids, offsets, directory / f"{side}.off"))
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise DataError(
             f"the prepared corpus {directory} is damaged ({err}); delete it and run again to "

@@ -1,9 +1,8 @@
 """The training and validation pairs as token ids: the training pairs from the prepared corpus
-(made on first use: :mod:`posenc.data.prepare`), pairs over the length limits dropped."""
+(made on first use: :mod:`posenc.data.prepare`), the validation pairs tokenised here."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,21 +11,19 @@ from omegaconf import DictConfig
 from posenc.data.corpora import validation_split
 from posenc.data.corpus import Corpus
 from posenc.data.prepare import prepared_store
-from posenc.data.store import TokenColumn, open_store
+from posenc.data.store import TokenStore, open_store
 from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.runtime import distributed
 from posenc.runtime.rundir import RunDir, as_run_dir
 
-log = logging.getLogger("posenc.training")
-
 
 @dataclass
 class EncodedData:
-    """Token ids of the training pairs (memory-mapped columns of the prepared corpus, with
-    their ``lengths``) and of the validation pairs."""
+    """Token ids of the training pairs (the prepared corpus, memory-mapped; the length limits
+    are applied by the batches: :class:`~posenc.data.pools.PooledBatcher`) and of the
+    validation pairs."""
 
-    train_src: TokenColumn
-    train_tgt: TokenColumn
+    train: TokenStore
     valid_src: list[list[int]]
     valid_tgt: list[list[int]]
     valid_refs: list[str]  # the validation targets as text (validation BLEU's references)
@@ -57,27 +54,12 @@ def prepare(cfg: DictConfig, run_dir: Path | RunDir) -> tuple[Tokenizer, Encoded
     """The run's tokenizer (saved in ``RUN/tokenizer``) and its training and validation ids.
 
     The training pairs come from the prepared corpus of this data and tokenizer
-    (:func:`prepared_store`), memory-mapped; pairs over the length limits are left out. The
-    validation pairs are read from their own file: a run on a prepared corpus reads no
-    training text."""
+    (:func:`prepared_store`), memory-mapped. The validation pairs are read from their own file:
+    a run on a prepared corpus reads no training text."""
     directory = prepared_store(cfg, bool(cfg.trainer.get("progress", False)))
     tokenizer = load_tokenizer(directory / "tokenizer")
     if distributed.is_main():
         tokenizer.save(as_run_dir(run_dir).tokenizer)
-    t = cfg.trainer
-    everything = open_store(directory)
-    train = everything.within(t.max_positions, t.max_source_tokens)
-    dropped = len(everything) - len(train)
-    if dropped:
-        log.info(
-            "dropped %d training pairs over the length limits (max_positions=%s, "
-            "max_source_tokens=%s)",
-            dropped,
-            t.max_positions,
-            t.max_source_tokens,
-        )
-    if not len(train):
-        raise ValueError("no training pairs left after tokenisation; raise trainer.max_positions")
     valid = validation_split(cfg.data)
     valid_src, valid_tgt, _ = encode_pairs(tokenizer, valid)
-    return tokenizer, EncodedData(train.src, train.tgt, valid_src, valid_tgt, valid.tgt)
+    return tokenizer, EncodedData(open_store(directory), valid_src, valid_tgt, valid.tgt)

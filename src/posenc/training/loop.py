@@ -27,7 +27,8 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from posenc.config import LoggerConfig, TrainerConfig, check_types, reported_settings
-from posenc.data.batching import TokenBatcher, collate
+from posenc.data.batching import collate
+from posenc.data.pools import PooledBatcher
 from posenc.data.tokenizer import Tokenizer
 from posenc.model.factory import build_model
 from posenc.model.seq2seq import Seq2Seq, count_parameters
@@ -110,7 +111,7 @@ class Training:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     state: TrainState
-    batcher: TokenBatcher
+    batcher: PooledBatcher
     logger: RunLogger | None  # rank 0 only
     progress: tqdm
     world: int
@@ -243,14 +244,24 @@ def set_up(
         )
     if trainer.compile:
         trained = torch.compile(trained)
-    batcher = TokenBatcher(
-        data.train_src.lengths,
-        data.train_tgt.lengths,
+    batcher = PooledBatcher(
+        data.train,
         trainer.max_tokens,
+        trainer.max_positions,
+        trainer.max_source_tokens,
         seed=cfg.seed,
         rank=rank,
         world_size=world,
+        pool=trainer.batch_pool,
     )
+    if batcher.dropped:
+        log.info(
+            "dropped %d training pairs over the length limits (max_positions=%s, "
+            "max_source_tokens=%s)",
+            batcher.dropped,
+            trainer.max_positions,
+            trainer.max_source_tokens,
+        )
     log.info(
         "model: %s parameters; pe=%s; device=%s; effective batch <= %d tokens "
         "(max_tokens %d x accumulate %d x %d processes)",
@@ -338,8 +349,8 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
         tuple(
             (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
             for t in collate(
-                [run.data.train_src[i] for i in indices],
-                [run.data.train_tgt[i] for i in indices],
+                [run.data.train.src[i] for i in indices],
+                [run.data.train.tgt[i] for i in indices],
                 pad_id,
                 run.tokenizer.bos_id,
                 run.tokenizer.eos_id,
@@ -443,7 +454,7 @@ def finish(run: Training) -> dict[str, Any]:
         "peak_memory_mb": round(state.peak_memory_mb, 1),
         "device": str(run.device),
         "processes": run.world,
-        "train_pairs": len(run.data.train_src),
+        "train_pairs": run.batcher.pairs,
         "code": code_version(),
         "machine": machine(run.device),
     }
