@@ -19,7 +19,11 @@ from omegaconf import OmegaConf
 
 from posenc.analysis.report.benchtime import add_bench_curves, bench_step_seconds
 from posenc.analysis.report.build import build_report, main, scores_summary
-from posenc.analysis.report.curves import kendall_tau, rankings_at_last_validations
+from posenc.analysis.report.curves import (
+    kendall_tau,
+    rankings_at_last_validations,
+    swaps_against_noise,
+)
 from posenc.analysis.report.render import SECTIONS, Table, slug
 from posenc.analysis.report.runs import (
     ReportError,
@@ -450,6 +454,23 @@ def test_the_ranking_settles_when_the_last_two_shared_validations_agree():
     assert kendall_tau(first, last) == pytest.approx(1 / 3)
     assert kendall_tau(last, last) == 1.0
     assert rankings_at_last_validations({"a": curves["a"]}) == []
+
+
+def test_a_swap_is_weighed_against_the_seed_noise_of_its_difference():
+    steps = np.array([200.0, 400.0])
+    curves = {
+        "a": [(steps, np.array([5.0, 4.50])), (steps, np.array([5.0, 4.70]))],  # mean 4.6
+        "b": [(steps, np.array([4.9, 4.62])), (steps, np.array([4.9, 4.64]))],  # mean 4.63
+        "c": [(steps, np.array([6.0, 5.00]))],
+    }
+    (_, first), (step, second) = rankings_at_last_validations(curves)
+    assert (first, second) == (["b", "a", "c"], ["a", "b", "c"])
+    [(better, worse, gap, noise)] = swaps_against_noise(curves, first, second, step)
+    assert (better, worse) == ("a", "b") and gap == pytest.approx(0.03)
+    spread = np.sqrt(np.var([4.5, 4.7], ddof=1) / 2 + np.var([4.62, 4.64], ddof=1) / 2)
+    assert noise == pytest.approx(spread) and gap < 2 * noise  # a tie the seeds cannot order
+    one_seed = {name: runs[:1] for name, runs in curves.items()}
+    assert swaps_against_noise(one_seed, ["b", "a", "c"], ["a", "b", "c"], 400)[0][3] is None
 
 
 def test_curves_are_also_drawn_against_benchmark_time(sweep, tmp_path):

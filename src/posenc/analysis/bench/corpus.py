@@ -45,7 +45,10 @@ class Usage:
 class SizeResult:
     """The measurements at one corpus size; ``seconds_to_training``: from the training
     command's start to its log line that the model is built and the first batch is next (the
-    ``first_step`` command also validates and saves after its one step)."""
+    ``first_step`` command also validates and saves after its one step). ``prepared_here``:
+    the store was made by ``prepare``; when False it was found made (by an earlier call, with
+    the same work folder), ``prepare`` measured only finding it, and ``pairs_per_second`` comes
+    from the seconds the preparation recorded in the store's ``meta.json``."""
 
     pairs: int
     store_mb: float
@@ -55,6 +58,7 @@ class SizeResult:
     pairs_per_second: float
     two_ranks: Usage | None = None
     meta: dict = field(default_factory=dict)
+    prepared_here: bool = True
 
 
 #: the training log line written when set-up is done and the first batch comes next
@@ -186,10 +190,15 @@ def bench_size(
     env = {**os.environ, "POSENC_CACHE": str(work / "cache"), "HF_HUB_OFFLINE": "1"}
     overrides = data_overrides(work / "corpora", stem, train_sentences)
     python = sys.executable
+    made = set((work / "cache" / "stores").glob("*/meta.json"))
     prepare = measure([python, "-m", "posenc.data.prepare", *overrides], env)
     stores = sorted((work / "cache" / "stores").glob("*/meta.json"), key=os.path.getmtime)
-    store = stores[-1].parent
-    meta = json.loads(stores[-1].read_text())
+    newest = [path for path in stores if path not in made]
+    prepared_here = bool(newest)
+    found = newest[-1] if newest else _store_of(stores, count)
+    store = found.parent
+    meta = json.loads(found.read_text())
+    seconds = prepare.seconds if prepared_here else float(meta["seconds_total"])
     size = sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) / 2**20
     training = [
         *overrides,
@@ -220,10 +229,19 @@ def bench_size(
         prepare,
         first_step,
         to_training,
-        round(count / prepare.seconds),
+        round(count / seconds),
         two,
         meta,
+        prepared_here,
     )
+
+
+def _store_of(stores: list[Path], count: int) -> Path:
+    """The ``meta.json`` of the store made from ``count`` synthetic pairs (read, then kept)."""
+    for path in stores:
+        if json.loads(path.read_text()).get("pairs_read") == count:
+            return path
+    raise FileNotFoundError(f"no store of {count} pairs among {len(stores)}")
 
 
 def markdown(results: list[SizeResult]) -> str:
@@ -236,9 +254,16 @@ def markdown(results: list[SizeResult]) -> str:
     ]
     for r in results:
         two = r.two_ranks
+        prepared = (
+            f"{r.prepare.seconds:.1f}"
+            if r.prepared_here
+            else f"{r.meta.get('seconds_total')} (earlier)"
+        )
         lines.append(
-            f"| {r.pairs:,} | {r.prepare.seconds:.1f} | {r.pairs_per_second:,} | "
-            f"{r.prepare.peak_rss_mb:,.0f} | {r.store_mb:,.0f} | {r.seconds_to_training} | "
+            f"| {r.pairs:,} | {prepared} | {r.pairs_per_second:,} | "
+            f"{f'{r.prepare.peak_rss_mb:,.0f}' if r.prepared_here else 'earlier'} | "
+            f"{r.store_mb:,.0f} | "
+            f"{r.seconds_to_training} | "
             f"{r.first_step.seconds:.1f} | "
             f"{r.first_step.peak_rss_mb:,.0f} | "
             f"{f'{two.peak_rss_sum_mb:,.0f}' if two else ''} | "

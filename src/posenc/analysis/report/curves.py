@@ -113,12 +113,46 @@ def rankings_at_last_validations(
     found = []
     for step in sorted(shared)[-2:]:
         means = {
-            name: float(
-                np.mean([y[np.flatnonzero(np.asarray(x, dtype=int) == step)[0]] for x, y in curves])
-            )
+            name: float(np.mean(values_at(curves, step)))
             for name, curves in curves_by_system.items()
         }
         found.append((step, sorted(means, key=lambda name: (means[name], name))))
+    return found
+
+
+def values_at(curves: Sequence[Curve], step: int) -> list[float]:
+    """Each curve's value at ``step`` (every curve must have logged it)."""
+    return [float(y[np.flatnonzero(np.asarray(x, dtype=int) == step)[0]]) for x, y in curves]
+
+
+def swaps_against_noise(
+    curves_by_system: dict[str, Sequence[Curve]],
+    first: Sequence[str],
+    second: Sequence[str],
+    step: int,
+) -> list[tuple[str, str, float, float | None]]:
+    """The pairs of systems ordered one way in ranking ``first`` and the other in ``second``
+    (the ranking at ``step``), each as ``(better, worse, gap, noise)`` at ``step``: ``gap`` the
+    difference of their mean values (worse minus better, >= 0), ``noise`` the standard error of
+    that difference over the training seeds, ``sqrt(var_a / n_a + var_b / n_b)`` (None when a
+    system has one seed). A swap whose gap is below twice its noise is a tie the seeds cannot
+    order."""
+    position = {name: i for i, name in enumerate(first)}
+    found = []
+    for i, better in enumerate(second):
+        for worse in second[i + 1 :]:
+            if position[better] < position[worse]:
+                continue
+            a, b = (
+                values_at(curves_by_system[better], step),
+                values_at(curves_by_system[worse], step),
+            )
+            noise = (
+                float(np.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b)))
+                if min(len(a), len(b)) > 1
+                else None
+            )
+            found.append((better, worse, float(np.mean(b) - np.mean(a)), noise))
     return found
 
 

@@ -9,7 +9,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from posenc.analysis.report.curves import kendall_tau, rankings_at_last_validations
+from posenc.analysis.report.curves import (
+    kendall_tau,
+    rankings_at_last_validations,
+    swaps_against_noise,
+)
 from posenc.analysis.report.figures import MAX_ATTENTION_BYTES, plot_curves, render_attention
 from posenc.analysis.report.render import SECTIONS, Writer, fmt, fmt_stats, record_stats, slug
 from posenc.analysis.report.runs import (
@@ -235,7 +239,9 @@ def section_curves(
 
 def settling_line(w: Writer, groups: Sequence[Group]) -> None:
     """Whether the ranking by mean validation loss is the same at the last two validations that
-    every finished run logged (the study's rule for a budget long enough), with Kendall's tau;
+    every finished run logged (the study's rule for a budget long enough), with Kendall's tau,
+    and when it is not, whether each pair that swapped places is apart by less than twice the
+    seed standard error of its difference (a tie the seeds cannot order: settled up to noise);
     unfinished runs are left out, as their last validations would decide the steps compared."""
     finished = {
         g.label: [r.curves["steps"] for r in g.runs if r.status == DONE and "steps" in r.curves]
@@ -246,9 +252,31 @@ def settling_line(w: Writer, groups: Sequence[Group]) -> None:
         return
     (before, first), (last, second) = rankings
     tau = kendall_tau(first, second)
+    swaps = swaps_against_noise(finished, first, second, last)
+    beyond = [s for s in swaps if s[3] is None or s[2] >= 2 * s[3]]
     w.record("curves", "valid", "", "", "ranking_settled", int(first == second))
     w.record("curves", "valid", "", "", "ranking_tau", tau)
-    verdict = "the same: the ranking has settled" if first == second else "not the same yet"
+    w.record("curves", "valid", "", "", "ranking_swaps", len(swaps))
+    w.record("curves", "valid", "", "", "ranking_swaps_beyond_noise", len(beyond))
+    if first == second:
+        verdict = "the same: the ranking has settled"
+    elif not beyond:
+        widest = max(swaps, key=lambda s: s[2])
+        verdict = (
+            f"{len(swaps)} pairs swapped places, each by less than twice the seed standard "
+            f"error of its difference (the widest, {widest[0]} and {widest[1]}: "
+            f"{widest[2]:.4f} against {widest[3]:.4f}): settled up to the seeds' noise"
+        )
+    else:
+        named = ", ".join(
+            f"{a} and {b} ({gap:.4f}"
+            + (f" against a standard error of {noise:.4f})" if noise is not None else ", one seed)")
+            for a, b, gap, noise in beyond
+        )
+        verdict = (
+            f"not settled: {len(beyond)} of {len(swaps)} swapped pairs are apart by at least "
+            f"twice their seed standard error, or have one seed: {named}"
+        )
     w.text(
         f"Ranking by mean validation loss at step {before}: {' < '.join(first)}; at step {last}: "
         f"{' < '.join(second)}; {verdict} (Kendall's tau {tau:.2f})."
