@@ -12,6 +12,7 @@ import gzip
 import logging
 import random
 import re
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -386,9 +387,10 @@ def kept_pairs(
     cleaner.report()
 
 
-def shuffled_order(count: int, seed: int, size: int | None) -> list[int]:
+def shuffled_order(count: int, seed: int, size: int | None) -> array:
     """The training pairs' order: ``range(count)`` shuffled with ``seed`` (Python's
-    ``random.Random``), cut to ``size`` when set."""
-    order = list(range(count))
+    ``random.Random``), cut to ``size`` when set; an int64 ``array`` (8 bytes a pair, where a
+    list holds about 36), the same order as a shuffled list."""
+    order = array("q", range(count))
     random.Random(seed).shuffle(order)
     return order if size is None else order[: int(size)]
