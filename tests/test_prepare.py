@@ -194,6 +194,10 @@ def test_the_corpus_benchmark_makes_distinct_pairs_and_sees_a_process_peak_memor
     grow = "import time; x = bytearray(300_000_000); x[::4096] = b'1' * 73243; time.sleep(0.5)"
     usage = measure([sys.executable, "-c", grow], {})
     assert usage.returncode == 0 and 280 < usage.peak_rss_mb < 600
+    # a command that writes more to standard error than a pipe holds (a long preparation's
+    # progress bar) still ends: nothing waits for the benchmark to read it
+    noisy = "import sys; [sys.stderr.write('x' * 1000 + '\\n') for _ in range(1000)]"
+    assert measure([sys.executable, "-c", noisy], {}).returncode == 0
 
 
 def test_the_toy_task_prepares_the_pairs_the_loader_gives(tmp_path):

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -140,22 +141,26 @@ def _memory_kb(pid: int) -> tuple[int, int]:
 
 def measure(command: list[str], env: dict[str, str], skip_root: bool = False) -> Usage:
     """Run ``command`` and sample its process tree's memory until it ends (``skip_root``: leave
-    the launcher itself out of the sums, as for torchrun's agent)."""
+    the launcher itself out of the sums, as for torchrun's agent). Its standard error goes to
+    a temporary file, never a pipe: a pipe nobody reads while it runs fills, and the command
+    (a long preparation's progress bar) blocks on it for ever."""
     started = time.perf_counter()
-    process = subprocess.Popen(
-        command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    peak = peak_rss_sum = peak_pss_sum = 0
-    while process.poll() is None:
-        pids = _tree(process.pid)[1 if skip_root else 0 :]
-        usage = [_memory_kb(pid) for pid in pids]
-        if usage:
-            peak = max(peak, max(rss for rss, _ in usage))
-            peak_rss_sum = max(peak_rss_sum, sum(rss for rss, _ in usage))
-            peak_pss_sum = max(peak_pss_sum, sum(pss for _, pss in usage))
-        time.sleep(SAMPLE_SECONDS)
-    seconds = time.perf_counter() - started
-    errors = process.stderr.read() if process.stderr else ""
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
+        process = subprocess.Popen(
+            command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+        peak = peak_rss_sum = peak_pss_sum = 0
+        while process.poll() is None:
+            pids = _tree(process.pid)[1 if skip_root else 0 :]
+            usage = [_memory_kb(pid) for pid in pids]
+            if usage:
+                peak = max(peak, max(rss for rss, _ in usage))
+                peak_rss_sum = max(peak_rss_sum, sum(rss for rss, _ in usage))
+                peak_pss_sum = max(peak_pss_sum, sum(pss for _, pss in usage))
+            time.sleep(SAMPLE_SECONDS)
+        seconds = time.perf_counter() - started
+        stderr.seek(0)
+        errors = stderr.read()
     if process.returncode:
         print(
             f"failed ({process.returncode}): {' '.join(command)}\n{errors[-2000:]}", file=sys.stderr
