@@ -1,6 +1,7 @@
 """Preparing the training corpus as a store (:mod:`posenc.data.store`), streamed. Memory
-does not grow with the corpus beyond 8 bytes a pair: the training pairs are read one at a time,
-cleaned (dedup by 64-bit digests) and spooled to text files on disk; their order is shuffled
+grows with the corpus by a few int64 arrays only: the training pairs are read one at a time,
+filtered and spooled to text files on disk (the byte offsets of their lines, 16 bytes a pair),
+deduplicated by their 64-bit digests (8 bytes a pair, then a sort); their order is shuffled
 with ``data.seed``; the tokenizer is built from the spool (a BPE on its first
 ``tokenizer.train_sentences`` pairs when set); the pairs are tokenised in large batches (the
 ``tokenizers`` batch encoder runs in Rust threads) and written in chunks; the store is renamed
@@ -32,7 +33,7 @@ from omegaconf import DictConfig
 from posenc.config import plain
 from posenc.data.corpora import training_stream
 from posenc.data.store import StoreWriter, prepared, store_key
-from posenc.data.streams import kept_pairs, shuffled_order
+from posenc.data.streams import Cleaner, sendable_pairs, shuffled_order
 from posenc.data.tokenizer import Tokenizer, build_tokenizer
 from posenc.runtime import distributed
 
@@ -124,13 +125,22 @@ def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> d
     spool_dir = Path(tempfile.mkdtemp(prefix=f".{directory.name}.spool.", dir=directory.parent))
     try:
         spool = Spool(spool_dir)
+        cleaner = Cleaner.of(clean, defer_dedup=True) if clean else None
         with tqdm(desc="reading", unit=" pairs", disable=not progress) as bar:
             stream = _Counted(training_stream(data), bar)
-            for source, target in kept_pairs(stream, clean):
+            kept = (
+                (pair for pair in stream if cleaner.keeps(*pair))
+                if cleaner
+                else sendable_pairs("train", stream)
+            )
+            for source, target in kept:
                 spool.add(source, target)
         read = stream.count
-        order = shuffled_order(len(spool), int(data.get("seed", 0)), data.get("train_size"))
-        train = spool.corpus(order)
+        rows = cleaner.distinct() if cleaner else np.arange(len(spool), dtype=np.int64)
+        if cleaner:
+            cleaner.report()
+        order = shuffled_order(len(rows), int(data.get("seed", 0)), data.get("train_size"))
+        train = spool.corpus(rows[np.asarray(order, dtype=np.int64)])
         tokenizing = time.perf_counter()
         tokenizer = build_tokenizer(cfg.tokenizer, train, None)
         tokenised = time.perf_counter()
@@ -138,7 +148,7 @@ def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> d
             _write_ids(writer, train, tokenizer, progress)
             facts = {
                 "pairs_read": read,
-                "pairs_kept": len(spool),
+                "pairs_kept": len(rows),
                 "seconds_reading": round(tokenizing - started, 1),
                 "seconds_tokenizer": round(tokenised - tokenizing, 1),
                 "seconds_total": round(time.perf_counter() - started, 1),

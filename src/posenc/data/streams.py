@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import numpy as np
+
 from posenc.data.corpus import Corpus, DataError
 
 log = logging.getLogger("posenc.data.corpora")
@@ -271,27 +273,52 @@ class Cleaner:
     whose word-count ratio, longer side over shorter side, exceeds ``max_ratio`` (``ratio``);
     repeats of an earlier identical (src, tgt) pair when ``dedup`` (``duplicate``, found by a
     64-bit digest of the pair). ``stats`` counts ``input``, each filter and ``kept``.
+
+    With ``defer_dedup`` (a streamed preparation), :meth:`keeps` passes repeats and keeps each
+    digest in an int64 array (8 bytes a pair, where a set holds about 70); :meth:`distinct`
+    then gives the positions of the first of each pair, the pairs an immediate dedup keeps.
     """
 
-    def __init__(self, min_words: int, max_words: int, max_ratio: float, dedup: bool) -> None:
+    def __init__(
+        self,
+        min_words: int,
+        max_words: int,
+        max_ratio: float,
+        dedup: bool,
+        defer_dedup: bool = False,
+    ) -> None:
         if not 0 <= min_words <= max_words or max_ratio < 1:
             raise DataError(
                 f"bad data.clean settings min_words={min_words}, max_words={max_words}, "
                 f"max_ratio={max_ratio}; need 0 <= min_words <= max_words and max_ratio >= 1"
             )
         self.min_words, self.max_words, self.max_ratio = min_words, max_words, max_ratio
-        self.dedup = dedup
+        self.dedup, self.defer_dedup = dedup, defer_dedup
         self.seen: set[int] = set()
+        self.digests = array("q")  # of the pairs passed, with defer_dedup
         self.stats = dict.fromkeys(("input", *CLEAN_FILTERS, "kept"), 0)
 
     @classmethod
-    def of(cls, clean: Mapping) -> Cleaner:
+    def of(cls, clean: Mapping, defer_dedup: bool = False) -> Cleaner:
         """The cleaner of a ``data.clean`` node (exactly :data:`CLEAN_SETTINGS`)."""
         if set(clean) != set(CLEAN_SETTINGS):
             raise DataError(
                 f"data.clean has keys {sorted(clean)}; it needs exactly {list(CLEAN_SETTINGS)}"
             )
-        return cls(**clean)
+        return cls(**clean, defer_dedup=defer_dedup)
+
+    def distinct(self) -> np.ndarray:
+        """Positions, among the pairs :meth:`keeps` passed, of those kept after deduplication
+        (with ``defer_dedup``: the first of each distinct pair, ascending, the repeats moved
+        from ``kept`` to ``duplicate`` in ``stats``; otherwise all), ``(kept,)`` int64."""
+        if not (self.dedup and self.defer_dedup):
+            return np.arange(self.stats["kept"], dtype=np.int64)
+        digests = np.frombuffer(self.digests, dtype=np.int64) if self.digests else np.zeros(0, int)
+        first = np.sort(np.unique(digests, return_index=True)[1]).astype(np.int64)
+        self.stats["duplicate"] += self.stats["kept"] - len(first)
+        self.stats["kept"] = len(first)
+        self.digests = array("q")
+        return first
 
     def keeps(self, source: str, target: str) -> bool:
         """Whether the pair passes every filter (counted in ``stats`` either way)."""
@@ -305,10 +332,12 @@ class Cleaner:
             reason = "length"
         elif max(ns, nt) > self.max_ratio * min(ns, nt):
             reason = "ratio"
-        elif self.dedup and self._repeats(source, target):
+        elif self.dedup and not self.defer_dedup and self._repeats(source, target):
             reason = "duplicate"
         else:
             self.stats["kept"] += 1
+            if self.dedup and self.defer_dedup:
+                self.digests.append(digest(source, target))
             return True
         self.stats[reason] += 1
         return False
