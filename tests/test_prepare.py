@@ -134,6 +134,18 @@ def test_a_killed_preparation_leaves_nothing_a_later_run_trusts(release, monkeyp
     assert len(open_store(prepared_store(cfg))) == 170
 
 
+def test_what_a_hard_killed_preparation_left_is_removed_by_the_next(release):
+    """SIGKILL runs no cleanup: its spool and half-written store stay on disk (gigabytes at
+    WMT14's size) until the next preparation of the same store, which removes them."""
+    cfg = release_config(release)
+    directory = prepared(cfg.cache_dir, store_key(cfg.data, cfg.tokenizer))
+    for leftover in (f".{directory.name}.spool.x1", f".{directory.name}.x2"):
+        (directory.parent / leftover).mkdir(parents=True)
+        (directory.parent / leftover / "spool.src").write_text("half\n")
+    assert len(open_store(prepared_store(cfg))) == 170
+    assert [p.name for p in directory.parent.iterdir() if p.name.startswith(".")] == []
+
+
 def test_bpe_learns_from_the_first_train_sentences_pairs_only(release, tmp_path):
     cfg = release_config(release, "+tokenizer.train_sentences=20", "tokenizer.vocab_size=300")
     sampled = load_tokenizer(prepared_store(cfg) / "tokenizer")

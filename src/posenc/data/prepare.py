@@ -177,9 +177,19 @@ def prepared_store(cfg: DictConfig, progress: bool = False) -> Path:
 
         with FileLock(str(directory) + ".lock"):  # one preparation at a time per store
             if not (directory / "meta.json").is_file():
+                _remove_leftovers(directory)
                 prepare_store(cfg, directory, progress)
     distributed.barrier()
     return directory
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Delete the temporary folders (``.NAME.*``: spool, unfinished store) that a killed
+    preparation of ``directory`` left beside it; called under its lock, so none is in use."""
+    for leftover in directory.parent.glob(f".{directory.name}.*"):
+        if leftover.is_dir():
+            log.info("removing %s, left by a preparation that was killed", leftover.name)
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 class _Counted:
