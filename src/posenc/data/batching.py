@@ -134,22 +134,39 @@ def cut_points(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``[start, end)`` slices of ``order`` (example indices sorted by length), one per batch
     (``starts``, ``ends``, int64): from each start, greedily the longest run whose padded size
-    ``count * max(src + 1, tgt + 2)`` fits ``max_tokens``. Each batch is found with array
-    operations over a window of at most ``max_tokens // 2 + 1`` examples (each needs at least 2
-    target positions), so no per-example Python objects are made."""
+    ``count * max(src + 1, tgt + 2)`` fits ``max_tokens`` (the first example always goes in,
+    alone if it must).
+
+    Computed over runs of equal padded length rather than examples: a run either joins the
+    open batch whole, or fills it and then makes full batches of its own; so the work grows
+    with the runs and batches, not the examples, and no per-example Python objects are made.
+    """
     need = np.maximum(src[order] + 1, tgt[order] + 2)
-    window = max_tokens // 2 + 1
-    sizes = np.arange(1, window + 1)
-    starts, ends, start, count = [], [], 0, len(need)
-    while start < count:
-        longest = np.maximum.accumulate(need[start : start + window])
-        over = np.flatnonzero(longest * sizes[: len(longest)] > max_tokens)
-        over = over[over > 0]  # the first example always goes in, alone if it must
-        end = start + (int(over[0]) if len(over) else len(longest))
-        starts.append(start)
-        ends.append(end)
-        start = end
-    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+    if not len(need):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    run_starts = np.concatenate(([0], np.flatnonzero(need[1:] != need[:-1]) + 1))
+    run_lengths = np.diff(np.append(run_starts, len(need)))
+    ends: list[int] = []
+    position = count = longest = 0  # the open batch is [position - count, position)
+    for value, length in zip(need[run_starts].tolist(), run_lengths.tolist(), strict=True):
+        if count:
+            room = max_tokens // max(longest, value) - count
+            if room >= length:  # the whole run joins the open batch
+                count, longest, position = count + length, max(longest, value), position + length
+                continue
+            taken = max(room, 0)
+            position, length = position + taken, length - taken
+            ends.append(position)  # the open batch is full
+        size = max(1, max_tokens // value)
+        full = length // size
+        ends.extend(range(position + size, position + full * size + 1, size))
+        position += full * size
+        count, longest = length - full * size, value
+        position += count
+    if count:
+        ends.append(position)
+    stops = np.array(ends, dtype=np.int64)
+    return np.concatenate(([0], stops[:-1])).astype(np.int64), stops
 
 
 def length_order(
