@@ -83,6 +83,18 @@ def test_the_store_is_named_by_what_it_depends_on(tmp_path):
     assert prepared(tmp_path, key) == tmp_path / "stores" / key
 
 
+def test_a_data_folder_spelled_relative_or_absolute_names_one_store(tmp_path, monkeypatch):
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    local = ("data=local", "data.train=[corpus]")
+    relative = compose(*SMOKE, *local, "data.dir=data")
+    absolute = compose(*SMOKE, *local, f"data.dir={tmp_path / 'data'}")
+    other = compose(*SMOKE, *local, f"data.dir={tmp_path}")
+    key = store_key(relative.data, relative.tokenizer)
+    assert key == store_key(absolute.data, absolute.tokenizer)
+    assert key != store_key(other.data, other.tokenizer)
+
+
 def test_a_damaged_store_is_refused_in_one_line(tmp_path):
     run(compose(*OVERRIDES, "eval.enabled=false"), tmp_path / "run")
     tokenizer = load_tokenizer(tmp_path / "run" / "tokenizer")

@@ -13,8 +13,9 @@ Layout of a store directory (fairseq's binarised arrays, in NumPy form)::
 
 It is written into a temporary directory beside it and renamed into place when complete, so a
 killed preparation leaves nothing a later run trusts. Its name is a digest of what it depends
-on (:func:`store_key`): the data and tokenizer settings, the sizes and modification times of
-the files read, the tokenizers library's version and this format's. Length limits are not part
+on (:func:`store_key`): the data and tokenizer settings (folders and files by their real
+paths, so a relative spelling names the same store), the sizes and modification times of the
+files read, the tokenizers library's version and this format's. Length limits are not part
 of it: :meth:`TokenStore.within` selects rows by their lengths.
 """
 
@@ -103,6 +104,9 @@ def store_key(data: Mapping, tokenizer: Mapping) -> str:
 
     data, tokenizer = plain(data), plain(tokenizer)
     files = _stamps(data, tokenizer)
+    for node, path in ((data, "dir"), (tokenizer, "vocab_file")):  # one folder, however spelled
+        if node.get(path):
+            node[path] = os.path.realpath(Path(node[path]).expanduser())
     settings = [FORMAT, tokenizers.__version__, data, tokenizer, files]
     text = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
