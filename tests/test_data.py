@@ -12,7 +12,7 @@ import torch
 from conftest import SHARED_DATA, sentences, write_pair
 from omegaconf import OmegaConf
 
-from posenc.data.batching import TokenBatcher, collate, cut_points, length_order
+from posenc.data.batching import TokenBatcher, collate
 from posenc.data.corpora import clean_pairs, eval_splits, load_corpora
 from posenc.data.corpus import Corpus, DataError, resolve_path
 
@@ -403,30 +403,6 @@ def test_batches_respect_the_budget_and_cover_every_example_once():
         assert all(padded_cost(b, src, tgt) <= 300 for b in batches)
         # Bucketed: a batch holds similar source lengths.
         assert all(max(src[i] for i in b) - min(src[i] for i in b) <= 2 for b in batches)
-
-
-def greedy_cuts(need: list[int], max_tokens: int) -> list[tuple[int, int]]:
-    """The batches' rule, one example at a time: from each start, add the next example while
-    the batch's longest padded length times its size stays within the budget."""
-    cuts, start = [], 0
-    while start < len(need):
-        end, longest = start + 1, need[start]  # the first example always goes in
-        while end < len(need) and max(longest, need[end]) * (end - start + 1) <= max_tokens:
-            longest, end = max(longest, need[end]), end + 1
-        cuts.append((start, end))
-        start = end
-    return cuts
-
-
-@pytest.mark.parametrize("max_tokens", [7, 60, 300, 1024])
-def test_batches_are_cut_by_the_greedy_rule_one_example_at_a_time(max_tokens):
-    rng = np.random.default_rng(max_tokens)
-    src = rng.integers(1, 120, 5000).astype(np.int32)  # some alone over the smallest budgets
-    tgt = np.maximum(1, src + rng.integers(-30, 30, 5000)).astype(np.int32)
-    order = length_order(src, tgt, rng.random(5000))
-    need = np.maximum(src[order] + 1, tgt[order] + 2).tolist()
-    starts, ends = cut_points(src, tgt, order, max_tokens)
-    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == greedy_cuts(need, max_tokens)
 
 
 def test_batches_are_deterministic_per_seed_and_epoch():
