@@ -85,6 +85,15 @@ def test_the_store_holds_what_the_in_memory_loader_gives(release, tmp_path, over
     assert (meta["pairs_read"], meta["pairs_kept"]) == (200, 170)
 
 
+def test_chunks_tokenised_by_worker_processes_are_written_in_order(release, monkeypatch):
+    monkeypatch.setattr(prepare_module, "CHUNK_PAIRS", 7)  # 170 pairs: 25 chunks, two workers
+    cfg = release_config(release)
+    directory = prepared_store(cfg)
+    store, tokenizer = open_store(directory), load_tokenizer(directory / "tokenizer")
+    src, tgt, _ = encode_pairs(tokenizer, load_corpora(cfg.data)["train"])
+    assert rows(store.src) == src and rows(store.tgt) == tgt
+
+
 def test_local_data_with_held_out_sets_prepares_the_same_pairs(local_dir):
     holdout = ("~data.holdout", "+data.holdout={news:{stem:corpus/train,size:5}}")
     cfg = compose(

@@ -3,9 +3,8 @@ grows with the corpus by a few int64 arrays only: the training pairs are read on
 filtered and spooled to text files on disk (the byte offsets of their lines, 16 bytes a pair),
 deduplicated by their 64-bit digests (8 bytes a pair, then a sort); their order is shuffled
 with ``data.seed``; the tokenizer is built from the spool (a BPE on its first
-``tokenizer.train_sentences`` pairs when set); the pairs are tokenised in large batches (the
-``tokenizers`` batch encoder runs in Rust threads) and written in chunks; the store is renamed
-into place when complete.
+``tokenizer.train_sentences`` pairs when set); the pairs are tokenised in chunks by one worker
+process per core and written in order; the store is renamed into place when complete.
 
 Ahead of a sweep, with the overrides ``train.py`` takes::
 
@@ -16,9 +15,11 @@ A run prepares on first use when nothing is there (:func:`posenc.training.inputs
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import mmap
+import os
 import shutil
 import sys
 import tempfile
@@ -26,13 +27,14 @@ import time
 from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
 
 from posenc.config import plain
 from posenc.data.corpora import training_stream
-from posenc.data.store import StoreWriter, prepared, store_key
+from posenc.data.store import StoreWriter, flatten, prepared, store_key
 from posenc.data.streams import Cleaner, sendable_pairs, shuffled_order
 from posenc.data.tokenizer import Tokenizer, build_tokenizer
 from posenc.runtime import distributed
@@ -221,20 +223,68 @@ class _Counted:
             yield item
 
 
+#: what a worker tokenises from (the spooled corpus, the tokenizer, the store's id type); set
+#: before the workers are forked, so they share it with the preparing process
+_WORK: tuple[SpooledCorpus, Tokenizer, np.dtype] | None = None
+
+
+def _encoded_chunk(start: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """The ids of the chunk of :data:`CHUNK_PAIRS` pairs from ``start``, both sides flat
+    (:func:`~posenc.data.store.flatten`)."""
+    train, tokenizer, dtype = _WORK
+    end = start + CHUNK_PAIRS
+    src = flatten(tokenizer.encode_batch(train.src[start:end]), dtype)
+    tgt = flatten(tokenizer.encode_batch(train.tgt[start:end]), dtype)
+    train.release()
+    return src, tgt
+
+
+@contextlib.contextmanager
+def _workers(count: int) -> Iterator[Any]:
+    """A pool of ``count`` forked worker processes (None below two). Each tokenises with one
+    thread (``tokenizers`` turns its own parallelism off after a fork; the variable set around
+    the fork says so instead of a warning)."""
+    if count < 2:
+        yield None
+        return
+    import multiprocessing
+
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        pool = multiprocessing.get_context("fork").Pool(count)
+    finally:
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+    with pool:
+        yield pool
+
+
 def _write_ids(
     writer: StoreWriter, train: SpooledCorpus, tokenizer: Tokenizer, progress: bool
 ) -> None:
-    """Tokenise ``train`` in chunks of :data:`CHUNK_PAIRS` pairs and append the ids."""
+    """Tokenise ``train`` in chunks of :data:`CHUNK_PAIRS` pairs and append the ids, in order.
+    With more than one chunk, one worker process per core tokenises them: the Python work
+    around the Rust encoder (reading the spooled lines, the encoder's objects, flattening the
+    ids) then runs on every core too."""
     from tqdm import tqdm
 
-    with tqdm(total=len(train), desc="tokenising", unit=" pairs", disable=not progress) as bar:
-        for start in range(0, len(train), CHUNK_PAIRS):
-            end = start + CHUNK_PAIRS
-            src = tokenizer.encode_batch(train.src[start:end])
-            tgt = tokenizer.encode_batch(train.tgt[start:end])
-            writer.append(src, tgt)
-            train.release()
-            bar.update(len(src))
+    global _WORK
+    starts = range(0, len(train), CHUNK_PAIRS)
+    _WORK = (train, tokenizer, writer.dtype)
+    try:
+        with (
+            tqdm(total=len(train), desc="tokenising", unit=" pairs", disable=not progress) as bar,
+            _workers(min(len(os.sched_getaffinity(0)), len(starts))) as pool,
+        ):
+            chunks = pool.imap(_encoded_chunk, starts) if pool else map(_encoded_chunk, starts)
+            for src, tgt in chunks:
+                writer.append_flat(src, tgt)
+                bar.update(len(src[1]))
+    finally:
+        _WORK = None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,6 +22,7 @@ of it: :meth:`TokenStore.within` selects rows by their lengths.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -164,15 +165,19 @@ class StoreWriter:
 
     def append(self, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
         """Add rows (the ids of aligned pairs, ``len(src) == len(tgt)``)."""
-        if len(src) != len(tgt):
-            raise ValueError(f"{len(src)} source rows but {len(tgt)} target rows")
-        for side, rows in zip(SIDES, (src, tgt), strict=True):
-            lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-            flat = np.fromiter((i for r in rows for i in r), self.dtype, int(lengths.sum()))
-            flat.tofile(self._bins[side])
+        self.append_flat(flatten(src, self.dtype), flatten(tgt, self.dtype))
+
+    def append_flat(
+        self, src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray]
+    ) -> None:
+        """Add rows given flat, each side as :func:`flatten` gives it: ``(ids, lengths)``."""
+        if len(src[1]) != len(tgt[1]):
+            raise ValueError(f"{len(src[1])} source rows but {len(tgt[1])} target rows")
+        for side, (flat, lengths) in zip(SIDES, (src, tgt), strict=True):
+            flat.astype(self.dtype, copy=False).tofile(self._bins[side])
             self._ends[side].append(self._sizes[side] + np.cumsum(lengths))
             self._sizes[side] += int(lengths.sum())
-        self.rows += len(src)
+        self.rows += len(src[1])
 
     def finish(self, tokenizer: Tokenizer, **facts) -> None:
         """Write the offsets, ``tokenizer`` and ``meta.json`` (with ``facts``, e.g. cleaning
@@ -188,6 +193,13 @@ class StoreWriter:
         except OSError:
             if not (self.directory / "meta.json").is_file():
                 raise
+
+
+def flatten(rows: Sequence[Sequence[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` of ids as one flat array of ``dtype`` and their lengths, ``(ids, lengths)``
+    (``(total,)``, ``(len(rows),)`` int64)."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    return np.fromiter(itertools.chain.from_iterable(rows), dtype, int(lengths.sum())), lengths
 
 
 def open_store(directory: Path) -> TokenStore:
