@@ -51,11 +51,15 @@ def test_a_perfect_hypothesis_scores_bleu_100():
     assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
 
 
+@pytest.mark.parametrize("pools", [(), ("trainer.batch_pool=300",)], ids=["one pool", "pools"])
 def test_an_interrupted_run_resumes_to_the_same_result_without_duplicated_steps(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, pools
 ):
+    """With pools of 300 of the 2,000 pairs the 20 steps cross pools, and the resumed run
+    rebuilds the pool it was in."""
     overrides = (
         *SMOKE,
+        *pools,
         "pe=rope",
         "trainer.max_steps=20",
         "trainer.valid_every=5",
