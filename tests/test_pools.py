@@ -102,6 +102,8 @@ def test_a_resumed_epoch_continues_with_the_batches_it_had_not_reached(tmp_path)
     store = random_store(tmp_path, 800)
     batcher = PooledBatcher(store, 160, seed=0, pool=200)
     whole = list(batcher.batches(5))
+    first_pool = batcher.batch_counts()[batcher.pool_order(5)[0]]
+    assert len(whole) > 137 > first_pool  # a restart inside a later pool
     later = batcher.batches(5)  # a fresh epoch object, as after a restart
     assert later[137:] == whole[137:] and later[-1] == whole[-1]
 

@@ -71,19 +71,8 @@ class TokenBatcher:
         self._cuts = cut_points(
             self.src, self.tgt, length_order(self.src, self.tgt), self.max_tokens
         )
-        oversized = int((np.maximum(self.src + 1, self.tgt + 2) > self.max_tokens).sum())
-        if oversized:
-            log.warning(
-                "%d examples alone exceed max_tokens=%d; each gets a batch of its own",
-                oversized,
-                self.max_tokens,
-            )
-        self._per_rank = len(self._cuts[0]) // self.world_size
-        if self._per_rank == 0:
-            raise DataError(
-                f"{len(self._cuts[0])} batches cannot be shared by {world_size} ranks; lower "
-                "max_tokens or world_size"
-            )
+        warn_oversized(oversized(self.src, self.tgt, self.max_tokens), self.max_tokens)
+        self._per_rank = per_rank(len(self._cuts[0]), self.world_size)
 
     def batches(self, epoch: int) -> EpochBatches:
         """This rank's batches of epoch ``epoch`` (each a list of example indices), in training
@@ -129,6 +118,41 @@ class EpochBatches(Sequence[list[int]]):
     __hash__ = None  # type: ignore[assignment]  (mutable-sequence semantics: equal to lists)
 
 
+def padded_lengths(src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
+    """What each example takes in a batch's padded length: its source + EOS or its target +
+    BOS and EOS (:func:`collate`), whichever is longer."""
+    return np.maximum(src + 1, tgt + 2)
+
+
+def oversized(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> int:
+    """How many examples alone exceed the budget (each gets a batch of its own)."""
+    return int((padded_lengths(src, tgt) > max_tokens).sum())
+
+
+def warn_oversized(count: int, max_tokens: int) -> None:
+    """Say that ``count`` examples (if any) alone exceed ``max_tokens``."""
+    if count:
+        log.warning(
+            "%d examples alone exceed max_tokens=%d; each gets a batch of its own",
+            count,
+            max_tokens,
+        )
+
+
+def per_rank(batches: int, world_size: int) -> int:
+    """Batches per rank when ``world_size`` ranks share ``batches`` (the rest left out).
+
+    Raises:
+        DataError: too few batches for one each.
+    """
+    if batches < world_size:
+        raise DataError(
+            f"{batches} batches cannot be shared by {world_size} ranks; lower max_tokens or "
+            "world_size"
+        )
+    return batches // world_size
+
+
 def cut_points(
     src: np.ndarray, tgt: np.ndarray, order: np.ndarray, max_tokens: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -141,7 +165,7 @@ def cut_points(
     open batch whole, or fills it and then makes full batches of its own; so the work grows
     with the runs and batches, not the examples, and no per-example Python objects are made.
     """
-    need = np.maximum(src[order] + 1, tgt[order] + 2)
+    need = padded_lengths(src[order], tgt[order])
     if not len(need):
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     run_starts = np.concatenate(([0], np.flatnonzero(need[1:] != need[:-1]) + 1))
@@ -175,6 +199,8 @@ def length_order(
     """Example indices sorted by source length, then target length, then ``tiebreak`` (then
     index): ``np.lexsort((tiebreak, tgt, src))``, computed as stable sorts, the one by length
     pair a radix sort when the pair fits 16 bits (twice as fast on millions of examples)."""
+    if not len(src):
+        return np.zeros(0, dtype=np.int64)
     key = src.astype(np.int64) * (int(tgt.max()) + 1) + tgt
     key = key.astype(np.int16) if int(key.max()) < 2**15 else key
     if tiebreak is None:

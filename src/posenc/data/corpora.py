@@ -139,7 +139,7 @@ def _prepare(splits: dict[str, Corpus], cfg: dict) -> dict[str, Corpus]:
 def _prepare_train(train: Corpus, cfg: dict, seed: int) -> Corpus:
     """The training split cleaned with ``cfg.clean`` (:func:`streams.kept_pairs`), shuffled
     with ``seed`` and cut to ``cfg.train_size``."""
-    kept = list(kept_pairs(zip(train.src, train.tgt, strict=True), cfg.get("clean")))
+    kept = kept_pairs(zip(train.src, train.tgt, strict=True), cfg.get("clean"))
     order = shuffled_order(len(kept), seed, cfg.get("train_size"))
     return Corpus(train.name, [kept[i][0] for i in order], [kept[i][1] for i in order])
 
@@ -304,7 +304,7 @@ def clean_pairs(
     'duplicate', 'kept'}`` counts.
     """
     cleaner = Cleaner(min_words, max_words, max_ratio, dedup)
-    keep = [
+    passed = [
         i for i, pair in enumerate(zip(corpus.src, corpus.tgt, strict=True)) if cleaner.keeps(*pair)
     ]
-    return corpus.subset(keep), cleaner.stats
+    return corpus.subset([passed[i] for i in cleaner.distinct()]), cleaner.stats

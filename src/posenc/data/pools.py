@@ -4,16 +4,13 @@ Marian's maxi-batches and OpenNMT-py's batching pools do the same."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import numpy as np
 
-from posenc.data.batching import cut_points, length_order
+from posenc.data.batching import cut_points, length_order, oversized, per_rank, warn_oversized
 from posenc.data.corpus import DataError
 from posenc.data.store import TokenStore
-
-log = logging.getLogger("posenc.data")
 
 #: pairs sorted and batched together when ``trainer.batch_pool`` is null
 DEFAULT_POOL = 1_000_000
@@ -67,34 +64,19 @@ class PooledBatcher:
         self.rank, self.world_size = int(rank), int(world_size)
         self.bounds = [(a, min(a + pool, len(store))) for a in range(0, len(store), pool)]
         self._cuts: list[tuple[np.ndarray, np.ndarray]] = []
-        self.pairs = oversized = 0
+        self.pairs = over = 0
         for start, stop in self.bounds:
             _, src, tgt = store.within(*self.limits, start, stop)
-            if len(src):
-                cuts = cut_points(src, tgt, length_order(src, tgt), self.max_tokens)
-            else:  # every row of the pool over the limits
-                cuts = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-            self._cuts.append(cuts)
+            self._cuts.append(cut_points(src, tgt, length_order(src, tgt), self.max_tokens))
             self.pairs += len(src)
-            oversized += int((np.maximum(src + 1, tgt + 2) > self.max_tokens).sum())
+            over += oversized(src, tgt, self.max_tokens)
         if not self.pairs:
             raise DataError(
                 "no training pairs within the length limits; raise trainer.max_positions or "
                 "trainer.max_source_tokens"
             )
-        if oversized:
-            log.warning(
-                "%d examples alone exceed max_tokens=%d; each gets a batch of its own",
-                oversized,
-                self.max_tokens,
-            )
-        total = sum(len(starts) for starts, _ in self._cuts)
-        self._per_rank = total // self.world_size
-        if self._per_rank == 0:
-            raise DataError(
-                f"{total} batches cannot be shared by {world_size} ranks; lower max_tokens or "
-                "world_size"
-            )
+        warn_oversized(over, self.max_tokens)
+        self._per_rank = per_rank(int(self.batch_counts().sum()), self.world_size)
 
     @property
     def dropped(self) -> int:

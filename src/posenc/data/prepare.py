@@ -138,7 +138,7 @@ def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> d
     spool_dir = Path(tempfile.mkdtemp(prefix=f".{directory.name}.spool.", dir=directory.parent))
     try:
         spool = Spool(spool_dir)
-        cleaner = Cleaner.of(clean, defer_dedup=True) if clean else None
+        cleaner = Cleaner.of(clean) if clean else None
         with tqdm(desc="reading", unit=" pairs", disable=not progress) as bar:
             stream = _Counted(training_stream(data), bar)
             passing = (
@@ -153,7 +153,7 @@ def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> d
         if cleaner:
             cleaner.report()
         order = shuffled_order(len(rows), int(data.get("seed", 0)), data.get("train_size"))
-        train = spool.corpus(rows[np.asarray(order, dtype=np.int64)])
+        train = spool.corpus(rows[np.asarray(order)])
         kept = len(rows)
         del rows, order  # 16 bytes a pair, no longer needed
         tokenizing = time.perf_counter()

@@ -92,8 +92,6 @@ class TokenStore:
             keep &= np.maximum(src, tgt) + 1 <= max_positions
         if max_source_tokens:
             keep &= src <= max_source_tokens
-        if keep.all():
-            return np.arange(start, start + len(src), dtype=np.int64), src, tgt
         kept = np.flatnonzero(keep)
         return kept + start, src[kept], tgt[kept]
 

@@ -274,44 +274,38 @@ class Cleaner:
     repeats of an earlier identical (src, tgt) pair when ``dedup`` (``duplicate``, found by a
     64-bit digest of the pair). ``stats`` counts ``input``, each filter and ``kept``.
 
-    With ``defer_dedup`` (a streamed preparation), :meth:`keeps` passes repeats and keeps each
-    digest in an int64 array (8 bytes a pair, where a set holds about 70); :meth:`distinct`
-    then gives the positions of the first of each pair, the pairs an immediate dedup keeps.
+    Repeats are found once every pair is read: :meth:`keeps` applies the other filters and
+    keeps the digest of each pair it passes in an int64 array (8 bytes a pair, where a set of
+    them holds about 70, so a streamed preparation stays small); :meth:`distinct` then gives
+    the positions of the first of each distinct pair among those passed.
     """
 
-    def __init__(
-        self,
-        min_words: int,
-        max_words: int,
-        max_ratio: float,
-        dedup: bool,
-        defer_dedup: bool = False,
-    ) -> None:
+    def __init__(self, min_words: int, max_words: int, max_ratio: float, dedup: bool) -> None:
         if not 0 <= min_words <= max_words or max_ratio < 1:
             raise DataError(
                 f"bad data.clean settings min_words={min_words}, max_words={max_words}, "
                 f"max_ratio={max_ratio}; need 0 <= min_words <= max_words and max_ratio >= 1"
             )
         self.min_words, self.max_words, self.max_ratio = min_words, max_words, max_ratio
-        self.dedup, self.defer_dedup = dedup, defer_dedup
-        self.seen: set[int] = set()
-        self.digests = array("q")  # of the pairs passed, with defer_dedup
+        self.dedup = dedup
+        self.digests = array("q")  # of the pairs passed, with dedup
         self.stats = dict.fromkeys(("input", *CLEAN_FILTERS, "kept"), 0)
 
     @classmethod
-    def of(cls, clean: Mapping, defer_dedup: bool = False) -> Cleaner:
+    def of(cls, clean: Mapping) -> Cleaner:
         """The cleaner of a ``data.clean`` node (exactly :data:`CLEAN_SETTINGS`)."""
         if set(clean) != set(CLEAN_SETTINGS):
             raise DataError(
                 f"data.clean has keys {sorted(clean)}; it needs exactly {list(CLEAN_SETTINGS)}"
             )
-        return cls(**clean, defer_dedup=defer_dedup)
+        return cls(**clean)
 
     def distinct(self) -> np.ndarray:
-        """Positions, among the pairs :meth:`keeps` passed, of those kept after deduplication
-        (with ``defer_dedup``: the first of each distinct pair, ascending, the repeats moved
-        from ``kept`` to ``duplicate`` in ``stats``; otherwise all), ``(kept,)`` int64."""
-        if not (self.dedup and self.defer_dedup):
+        """Positions, among the pairs :meth:`keeps` passed, of those kept: with ``dedup`` the
+        first of each distinct pair, ascending, the repeats moved from ``kept`` to
+        ``duplicate`` in ``stats``; otherwise all. ``(kept,)`` int64. Call it once, when every
+        pair has been read, and before :meth:`report`."""
+        if not self.dedup:
             return np.arange(self.stats["kept"], dtype=np.int64)
         digests = np.frombuffer(self.digests, dtype=np.int64) if self.digests else np.zeros(0, int)
         first = np.sort(np.unique(digests, return_index=True)[1]).astype(np.int64)
@@ -332,21 +326,12 @@ class Cleaner:
             reason = "length"
         elif max(ns, nt) > self.max_ratio * min(ns, nt):
             reason = "ratio"
-        elif self.dedup and not self.defer_dedup and self._repeats(source, target):
-            reason = "duplicate"
         else:
             self.stats["kept"] += 1
-            if self.dedup and self.defer_dedup:
+            if self.dedup:
                 self.digests.append(digest(source, target))
             return True
         self.stats[reason] += 1
-        return False
-
-    def _repeats(self, source: str, target: str) -> bool:
-        key = digest(source, target)
-        if key in self.seen:
-            return True
-        self.seen.add(key)
         return False
 
     def report(self, name: str = "train") -> None:
@@ -403,23 +388,22 @@ def sendable_pairs(name: str, stream: Iterable[tuple[str, str]]) -> Iterator[tup
         )
 
 
-def kept_pairs(
-    stream: Iterable[tuple[str, str]], clean: Mapping | None
-) -> Iterator[tuple[str, str]]:
+def kept_pairs(stream: Iterable[tuple[str, str]], clean: Mapping | None) -> list[tuple[str, str]]:
     """The training pairs of ``stream`` that ``data.clean`` keeps (:class:`Cleaner`; without
-    it, those with two sides: :func:`sendable_pairs`), counted in the log when it ends."""
+    it, those with two sides: :func:`sendable_pairs`), in order, counted in the log."""
     if not clean:
-        yield from sendable_pairs("train", stream)
-        return
+        return list(sendable_pairs("train", stream))
     cleaner = Cleaner.of(clean)
-    yield from (pair for pair in stream if cleaner.keeps(*pair))
+    passed = [pair for pair in stream if cleaner.keeps(*pair)]
+    kept = [passed[i] for i in cleaner.distinct()]
     cleaner.report()
+    return kept
 
 
 def shuffled_order(count: int, seed: int, size: int | None) -> array:
     """The training pairs' order: ``range(count)`` shuffled with ``seed`` (Python's
     ``random.Random``), cut to ``size`` when set; an int64 ``array`` (8 bytes a pair, where a
-    list holds about 36), the same order as a shuffled list."""
+    list holds about 40), the same order as a shuffled list."""
     order = array("q", range(count))
     random.Random(seed).shuffle(order)
     return order if size is None else order[: int(size)]
