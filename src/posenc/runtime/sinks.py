@@ -225,8 +225,15 @@ class WandbSink:
             self._row = {}
 
     def close(self) -> None:
+        """Finish the run and end W&B's service process, which writes the run's files and may
+        still be writing after ``run.finish()`` returns (W&B 0.31: an offline run's file was left
+        with its header alone); ``wandb.teardown()`` waits for it, so the files are complete
+        here, not only at the process's exit (which a joblib worker may never reach cleanly)."""
+        import wandb
+
         self._flush()
         self.run.finish()
+        wandb.teardown()
 
 
 def open_sinks(
