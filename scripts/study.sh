@@ -11,6 +11,8 @@
 #   seed_report  the seed report's own setting for nonepe, sinpe, rpe, rope and alibi, seed 0
 #   scaling    the seed report's four and BEST (two encodings, e.g. BEST=rope,xl) at model=small
 #              and 8,000 steps (4x compare's), seed 0: does the short budget's ranking hold?
+#              Also RoPE with its last layer NoPE (SCALING_VARIANTS): compare's model has one
+#              layer a stack, where switching a layer off is nonepe itself
 # Usage: BUDGET=SECONDS STAGES="compare beam5" bash scripts/study.sh
 # BUDGET bounds the whole call: then the sweep gets SIGTERM and its jobs end (an unfinished run
 # loses at most trainer.valid_every steps, back to its last checkpoint; to stop exactly after a
@@ -53,6 +55,10 @@ EXTRAP_VARIANTS=(
 ROPE_SCALINGS="eval.pe_variants={pi4: {scaling: linear, factor: 4}, ntk4: {scaling: ntk, factor: 4}, \
 yarn4: {scaling: yarn, factor: 4, original_max_len: 32}, \
 dntk4: {scaling: dynamic_ntk, factor: 4, original_max_len: 32}}"
+# scaling's options worth comparing (issue 29) on model=small's three layers a stack
+SCALING_VARIANTS=(
+  "pe=rope pe.off_layers=[2]"  # RoPE/NoPE interleaving (Yang et al. 2025), three RoPE : one NoPE
+)
 ARCHIVE_EVERY=${ARCHIVE_EVERY:-300}
 ARCHIVE=${ARCHIVE:-docs/study/runs}  # where the runs are kept as text (another checkout's, say)
 SWEEPS=(compare extrapolation seed_report scaling)
@@ -134,8 +140,11 @@ for stage in $STAGES; do
       bounded $PY train.py -m experiment=seed_report pe=nonepe,sinpe,rpe,rope,alibi seed=0 \
         "${common[@]}" ;;
     scaling)
-      bounded $PY train.py -m experiment=compare name=scaling model=small trainer.max_steps=8000 \
-        trainer.valid_every=500 "pe=nonepe,sinpe,rpe,rope${BEST:+,$BEST}" seed=0 "${common[@]}" ;;
+      scaling=(experiment=compare name=scaling model=small trainer.max_steps=8000
+        trainer.valid_every=500 seed=0)
+      bounded $PY train.py -m "${scaling[@]}" "pe=nonepe,sinpe,rpe,rope${BEST:+,$BEST}" \
+        "${common[@]}"
+      side_by_side "${scaling[@]}" -- "${SCALING_VARIANTS[@]}" ;;
     *) echo "study: unknown stage $stage" >&2; exit 2 ;;
   esac
 done
