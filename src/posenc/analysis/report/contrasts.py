@@ -1,0 +1,192 @@
+"""Chosen contrasts between two systems of a sweep, judged by the report's rules (:mod:`.findings`).
+
+A claim of a paper or of the seed report names two systems ("relative positions beat
+sinusoids"); the report itself only compares every system with the best one. A contrast is
+the paired bootstrap of the two on the pooled test sentences of the seeds both have, the
+difference on each of those seeds, BLEU and chrF, with Holm's correction over every contrast and
+split of the family asked for at once. It is a finding (``"<name> ahead"``) when the leader is
+ahead on both metrics, on every paired seed, after the correction, on a split above the noise
+floor; otherwise the verdict says which rule it failed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from posenc.analysis.report.findings import (
+    DISAGREE,
+    NOISE,
+    NOISE_FLOOR_BLEU,
+    UNINFORMATIVE,
+    WORSE,
+    SeedDifference,
+    holm,
+    seed_difference,
+    verdict,
+)
+from posenc.analysis.report.runs import (
+    Entry,
+    ReportError,
+    find_run_dirs,
+    group_runs,
+    load_run,
+    split_entries,
+)
+from posenc.analysis.report.stats import paired_bootstrap, seed_texts
+
+METRICS = ("bleu", "chrf")
+MISSING = "not in the sweep"
+
+
+@dataclass
+class Contrast:
+    """``first`` against ``second`` on ``split``: the seeds compared, each metric's difference
+    ``first - second`` per seed (:class:`SeedDifference`), the bootstrap p-values (Holm-adjusted
+    once :func:`judge` has run) and the verdict."""
+
+    split: str
+    first: str
+    second: str
+    seeds: tuple[int, ...] = ()
+    differences: dict[str, SeedDifference] | None = None
+    p_values: dict[str, float | None] | None = None
+    verdict: str = MISSING
+
+    @property
+    def leader(self) -> str:
+        """The system ahead on mean BLEU over the paired seeds."""
+        bleu = self.differences["bleu"].mean if self.differences else None
+        return self.second if bleu is not None and bleu < 0 else self.first
+
+
+def contrast(
+    systems: dict[str, list[Entry]], split: str, first: str, second: str, samples: int
+) -> Contrast:
+    """The unadjusted :class:`Contrast` of two systems' entries on one split (``verdict`` is
+    :data:`MISSING` when either has no run there or no seed in common)."""
+    row = Contrast(split, first, second)
+    if first not in systems or second not in systems:
+        return row
+    texts = {name: seed_texts(systems[name]) for name in (first, second)}
+    row.seeds = tuple(sorted(set(texts[first]) & set(texts[second])))
+    if not row.seeds or any(texts[first][s][1] != texts[second][s][1] for s in row.seeds):
+        row.seeds = ()
+        return row
+    pooled = {
+        name: [line for s in row.seeds for line in texts[name][s][0]] for name in (first, second)
+    }
+    references = [line for s in row.seeds for line in texts[first][s][1]]
+    results, _ = paired_bootstrap([(n, pooled[n]) for n in (first, second)], references, samples)
+    row.p_values = {m: results[1][m].p_value for m in METRICS}
+    row.differences = {m: seed_difference(systems[first], systems[second], m) for m in METRICS}
+    return row
+
+
+def judge(rows: Sequence[Contrast], best_bleu: dict[str, float]) -> None:
+    """Adjust every compared row's p-values with Holm's method over the whole family (per
+    metric) and set its verdict: ``"<leader> ahead"`` for a finding, else the rule it failed
+    (:data:`posenc.analysis.report.findings.VERDICTS`). ``best_bleu``: the best mean BLEU of each
+    split, below :data:`NOISE_FLOOR_BLEU` of which nothing is ranked."""
+    compared = [r for r in rows if r.p_values is not None]
+    for metric in METRICS:
+        raw = {i: r.p_values[metric] for i, r in enumerate(compared)}
+        adjusted = holm({i: p for i, p in raw.items() if p is not None})
+        for i, row in enumerate(compared):
+            row.p_values[metric] = adjusted.get(i)
+    for row in compared:
+        ahead = {  # the leader's lead on each seed, positive where it is ahead
+            m: _oriented(row.differences[m], row.leader == row.second) for m in METRICS
+        }
+        floor = best_bleu.get(row.split, 0.0) < NOISE_FLOOR_BLEU
+        said = verdict(row.p_values, ahead, floor)
+        opposite = (ahead["chrf"].mean or 0.0) < 0  # chrF puts the other system ahead
+        if said not in (UNINFORMATIVE, NOISE) and opposite:
+            said = DISAGREE
+        row.verdict = f"{row.leader} ahead" if said == WORSE else said
+
+
+def _oriented(difference: SeedDifference, flip: bool) -> SeedDifference:
+    if not flip:
+        return difference
+    return SeedDifference(
+        tuple(-d for d in difference.per_seed),
+        None if difference.mean is None else -difference.mean,
+        None if difference.effect is None else -difference.effect,
+    )
+
+
+def sweep_contrasts(
+    sweep: Path,
+    pairs: Sequence[tuple[str, str]],
+    splits: Sequence[str],
+    samples: int,
+    evaluation: str | None = None,
+) -> list[Contrast]:
+    """Every pair on every split of the sweep in ``sweep`` (systems named as the report labels
+    them: ``rope``, ``rope (pe.cross_attention=rotated)``), judged together.
+
+    Raises:
+        ReportError: no run under ``sweep``, or ``samples`` is not positive.
+    """
+    if samples < 1:
+        raise ReportError(f"--bootstrap must be a positive number of resamples, not {samples}")
+    runs = [load_run(path, sweep, evaluation) for path in find_run_dirs(sweep, sweep / "report")]
+    if not runs:
+        raise ReportError(f"no run directory (one with a config.yaml) under {sweep}")
+    groups = group_runs(runs)
+    rows, best = [], {}
+    for split in splits:
+        systems = split_entries(groups, split)
+        means = [
+            statistics.fmean(float(e.scores["bleu"]) for e in entries)
+            for entries in systems.values()
+            if entries and all(e.scores.get("bleu") is not None for e in entries)
+        ]
+        best[split] = max(means, default=0.0)
+        rows += [contrast(systems, split, a, b, samples) for a, b in pairs]
+    judge(rows, best)
+    return rows
+
+
+def contrasts_markdown(rows: Sequence[Contrast], samples: int) -> list[str]:
+    """The rows as a markdown table (differences ``first - second``; effect = mean over the
+    pooled seed standard deviation) with a caption stating the rules."""
+    lines = [
+        "| split | first | second | seeds | BLEU first - second (per seed) | effect (seed sd) "
+        "| chrF first - second | p BLEU | p chrF | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if row.differences is None:
+            lines.append(
+                f"| {row.split} | {row.first} | {row.second} | - | - | - | - | - | - | "
+                f"{row.verdict} |"
+            )
+            continue
+        bleu, chrf = row.differences["bleu"], row.differences["chrf"]
+        lines.append(
+            f"| {row.split} | {row.first} | {row.second} | {', '.join(map(str, row.seeds))} | "
+            f"{_signed(bleu.mean)} ({', '.join(_signed(d) for d in bleu.per_seed)}) | "
+            f"{_signed(bleu.effect, 1)} | {_signed(chrf.mean)} | {_p(row.p_values['bleu'])} | "
+            f"{_p(row.p_values['chrf'])} | {row.verdict} |"
+        )
+    lines += [
+        "",
+        f"Paired bootstrap ({samples} resamples) of the second system against the first on the "
+        "test sentences of the seeds both have, p-values adjusted with Holm's method over every "
+        "row and split above, per metric. A row is a finding (`NAME ahead`) when the leader is "
+        "ahead on BLEU and chrF, on every paired seed (two at least), after the correction, on "
+        f"a split whose best mean BLEU is at least {NOISE_FLOOR_BLEU:g}.",
+    ]
+    return lines
+
+
+def _signed(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:+.{digits}f}"
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
