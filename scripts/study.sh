@@ -25,7 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-STAGES=${STAGES:-compare beam5 extrap}
+STAGES=${STAGES:-compare extrap seed_report beam5}  # scaling: add it with BEST=
 SEEDS=${SEEDS:-0 1 2}
 BUDGET=${BUDGET:-36000}
 deadline=$(($(date +%s) + BUDGET))

@@ -1,8 +1,14 @@
-"""Copy the study's sweep reports into docs/ and refill the generated sections of
-docs/RESULTS.md: ``python scripts/update_results.py [--sweeps outputs/sweeps]``. The demo's two
-reports are copied (docs/demo/, docs/demo_toy/) and linked from the page, not embedded.
+"""Copy sweep reports into docs/ and refill the generated sections of the pages:
+``python scripts/update_results.py [--sweeps outputs/sweeps] [--study ../study/outputs/sweeps]``.
 
-The hand-written parts of the page (setup, commands, discussion) stay as they are.
+- Issue 27's study (``scripts/study.sh``): each sweep's report (``scripts/report.py SWEEP``; its
+  ``report/`` folder) is copied to ``docs/study/<sweep>/``, which ``docs/RESULTS.md`` links to.
+- The measurements behind the settings: the encoder-form sweeps' reports and the benchmark
+  (``docs/bench/bench.md``) are embedded in ``docs/METHODS.md`` between their markers.
+- The demo's two reports are copied (``docs/demo/``, ``docs/demo_toy/``) and linked, not
+  embedded.
+
+The hand-written parts of the pages stay as they are.
 """
 
 import argparse
@@ -13,20 +19,12 @@ from posenc.analysis.markdown import embed_report, fill_section
 from posenc.analysis.portable import portable
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDIES = (
-    "compare",
-    "compare_long",
-    "extrapolation",
-    "encoder_forms",
-    "encoder_forms_toy",
-    "demo",
-    "demo_toy",
-    "compare17",
-    "extrapolation17",
-    "extrapolation17_rope",
-)
-#: copied into docs/ and linked from the page, not embedded
-LINKED = {"demo", "demo_toy", "compare17", "extrapolation17", "extrapolation17_rope"}
+#: the study's sweeps, copied to docs/study/<name>/
+STUDY = ("compare", "extrapolation", "seed_report", "scaling")
+#: embedded in docs/METHODS.md
+EMBEDDED = ("encoder_forms", "encoder_forms_toy")
+#: copied to docs/<name>/ and linked
+LINKED = ("demo", "demo_toy")
 
 
 def copy_report(report_dir: Path, docs_dir: Path, roots: tuple[Path, ...] = (ROOT,)) -> None:
@@ -47,24 +45,35 @@ def copy_report(report_dir: Path, docs_dir: Path, roots: tuple[Path, ...] = (ROO
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sweeps", type=Path, default=ROOT / "outputs" / "sweeps")
+    parser.add_argument(
+        "--study", type=Path, help="the study's sweeps (default: --sweeps), e.g. its worktree's"
+    )
     args = parser.parse_args()
     docs = ROOT / "docs"
-    results = docs / "RESULTS.md"
-    page = results.read_text()
-    for name in STUDIES:
-        report_dir = args.sweeps / name / "report"
-        if not (report_dir / "report.md").exists():
-            print(f"{name}: no report in {report_dir} (run scripts/report.py on the sweep); kept")
-            continue
-        copy_report(report_dir, docs / name, (ROOT, args.sweeps.resolve().parents[1]))
-        print(f"{name}: copied {report_dir} to docs/{name}")
-        if name in LINKED:
-            continue
-        report = (docs / name / "report.md").read_text()
-        page = fill_section(page, name, embed_report(report, name, ("Attention maps",)))
+    study = args.study or args.sweeps
+    for name in STUDY:
+        _copy(study / name / "report", docs / "study" / name, study)
+    for name in LINKED:
+        _copy(args.sweeps / name / "report", docs / name, args.sweeps)
+    methods = docs / "METHODS.md"
+    page = methods.read_text()
+    for name in EMBEDDED:
+        if _copy(args.sweeps / name / "report", docs / name, args.sweeps):
+            report = (docs / name / "report.md").read_text()
+            page = fill_section(page, name, embed_report(report, name, ("Attention maps",)))
     bench = (docs / "bench" / "bench.md").read_text()
     page = fill_section(page, "bench", embed_report(bench, "bench"))
-    results.write_text(page)
+    methods.write_text(page)
+
+
+def _copy(report_dir: Path, docs_dir: Path, sweeps: Path) -> bool:
+    """:func:`copy_report` when ``report_dir`` holds a report (True), else say so (False)."""
+    if not (report_dir / "report.md").exists():
+        print(f"{report_dir}: no report (run scripts/report.py on the sweep); kept {docs_dir}")
+        return False
+    copy_report(report_dir, docs_dir, (ROOT, sweeps.resolve().parents[1]))
+    print(f"copied {report_dir} to {docs_dir.relative_to(ROOT)}")
+    return True
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Generated sections of hand-written Markdown pages (the README's table, docs/RESULTS.md)."""
+"""Generated sections of hand-written Markdown pages (the README's table, docs/METHODS.md)."""
 
 from __future__ import annotations
 
