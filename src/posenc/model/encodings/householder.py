@@ -20,20 +20,12 @@ projections runs in float32 (float64 in a float64 model), also under bf16 autoca
 reference's optional forget gate (PaTH-FoX) and QK-norm are not part of the encoding and are
 left out (``pe=fox`` is the forget gate alone).
 
-Computation, exact and parallel (the UT form of a product of Householders): following a key
-through the product, ``x <- H_r x`` for ``r = j+1 .. i``, the coefficient ``c_r = w_r . x``
-obeys ``c_r = w_r . k_j - sum_(j<s<r) beta_s (w_r . w_s) c_s``, a unit lower-triangular
-system in the tokens, so for all pairs at once::
-
-    X = (I + N)^-1 [w_r . k_j]_(r > j),    N_rs = beta_s (w_r . w_s) for r > s
-    s_ij = (q_i . k_j - sum_(r <= i) beta_r (q_i . w_r) X_rj) / sqrt(D)
-
-(a triangular solve over the tokens: ``O(L^2 D + L^3)`` per head, no loop over positions).
-Incremental decoding keeps the cached keys transformed by every Householder so far (as the
-reference's ``rank_one_update`` does): a call's new tokens enter the same solve, their
-Householders applied to the cached keys and to each other, and :meth:`PathRule.cached_keys`
-returns the keys transformed by them for the next call. The key state cached with each token
-is its pre-convolution ``w`` and its ``beta`` (the convolution reads the last tokens).
+Computed exactly and in parallel as one unit lower-triangular solve over the tokens (the UT
+form of a product of Householders, ``O(L^2 D + L^3)`` a head); cached decoding keeps the cached
+keys transformed by every Householder so far (:meth:`PathRule.cached_keys`), as the reference's
+``rank_one_update`` does. The key state cached with each token is its pre-convolution ``w`` and
+its ``beta``. The derivation, and where posenc differs from the reference:
+``docs/encodings/path.md``.
 
 Encoder form (the paper is causal-only; this is posenc's own extension): a key after the query
 is seen through the same Householders between them, applied from the key's side,
