@@ -17,7 +17,7 @@ import torch
 from conftest import ROOT, SMOKE, compose
 from omegaconf import OmegaConf
 
-from posenc.analysis.report.benchtime import add_bench_curves, bench_step_seconds
+from posenc.analysis.report.benchtime import add_bench_curves, read_bench
 from posenc.analysis.report.build import build_report, main, scores_summary
 from posenc.analysis.report.curves import (
     kendall_tau,
@@ -487,7 +487,7 @@ def test_curves_are_also_drawn_against_benchmark_time(sweep, tmp_path):
         )
     )
     runs = [load_run(sweep / name, sweep) for name in DONE]
-    assert add_bench_curves(runs, bench_step_seconds(bench)[0]) == ["rope"]
+    assert add_bench_curves(runs, read_bench(bench).train) == ["rope"]
     nonepe = next(r for r in runs if r.pe == "nonepe")
     np.testing.assert_allclose(nonepe.curves["bench"][0], nonepe.curves["steps"][0] * 0.5)
     assert "bench" not in next(r for r in runs if r.pe == "rope").curves
@@ -498,6 +498,37 @@ def test_curves_are_also_drawn_against_benchmark_time(sweep, tmp_path):
     assert (out / "valid_loss_vs_bench.png").exists()
     assert "model=tiny, 512 tokens a batch, lengths 16, 32" in markdown
     assert "not measured there, so not drawn: alibi, rope" in markdown  # the failed run too
+    bench.write_text(
+        json.dumps(
+            {
+                "settings": {"model": "tiny", "tokens": 512, "lengths": [16, 32]},
+                "summary": {
+                    "train": {"nonepe": step, "rope": {"16": {"median_s": 0.6}}},
+                    "decode": {
+                        "nonepe": {"16": {"median_s": 0.1}},
+                        "rope": {"16": {"median_s": 0.3}},
+                    },
+                },
+            }
+        )
+    )
+    build_report(sweep, out, samples=10, bench=bench)
+    markdown = (out / "report.md").read_text()
+    assert "Cost in the quiet benchmark `bench.json`" in markdown
+    steps = metrics_of(sweep, "pe=rope")["train"]["steps"]
+    quiet = markdown.split("Cost in the quiet benchmark", 1)[1]
+    assert table_row(quiet, "rope")[1:] == [
+        "600.00",
+        "1.20",
+        "300.00",
+        "3.00",
+        f"{steps * 0.6:.0f}",
+    ]
+    with open(out / "report.csv", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert float(
+        csv_value(rows, encoding="rope", metric="bench_decode_vs_nonepe")
+    ) == pytest.approx(3.0)
     bench.write_text('{"settings": {}}')
     with pytest.raises(SystemExit, match="bench.json: summary is missing"):
         main([str(sweep), "--out", str(tmp_path / "r2"), "--bench", str(bench)])

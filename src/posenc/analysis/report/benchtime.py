@@ -7,6 +7,7 @@ one quiet, interleaved benchmark (``scripts/bench.py`` at the runs' shape, e.g. 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,34 +15,50 @@ import numpy as np
 from posenc.analysis.report.runs import Run
 from posenc.runtime.untrusted import FINITE, INT, STR, Fields, ListOf, MapOf, check, read_json
 
-#: the part of a benchmark's JSON read here: per encoding and length, the median step seconds
+#: per encoding and length, the median seconds of one measurement
+MEDIANS = MapOf(MapOf(Fields({"median_s": FINITE})))
+#: the part of a benchmark's JSON read here: training steps and (when measured) cached decoding
 BENCH = Fields(
     {
         "settings": Fields({"model": STR, "tokens": INT}, {"lengths": ListOf(INT)}),
-        "summary": Fields({"train": MapOf(MapOf(Fields({"median_s": FINITE})))}),
+        "summary": Fields({"train": MEDIANS}, {"decode": MEDIANS}),
     }
 )
 #: the curves given a benchmark-time twin: validation and training loss against steps
 TWINS = {"steps": "bench", "train_steps": "train_bench"}
 
 
-def bench_step_seconds(path: Path) -> tuple[dict[str, float], str]:
-    """Per encoding, its training-step seconds in the benchmark ``path`` (the mean over the
-    lengths it measured of the median step time), and the benchmark's shape in words.
+@dataclass(frozen=True)
+class BenchTimes:
+    """A quiet benchmark's times per encoding, each the mean over the lengths it measured of
+    the median: a training step and a cached greedy decoding of its batch (seconds; empty when
+    not measured), and its shape in words."""
+
+    train: dict[str, float]
+    decode: dict[str, float]
+    shape: str
+
+
+def read_bench(path: Path) -> BenchTimes:
+    """The :class:`BenchTimes` of the benchmark JSON ``path`` (``scripts/bench.py --out``).
 
     Raises:
         UntrustedFileError: the file is unreadable or not a benchmark's JSON (one line).
     """
     data = check(read_json(path), BENCH, path)
-    seconds = {
-        name: statistics.fmean(float(by_length["median_s"]) for by_length in lengths.values())
-        for name, lengths in data["summary"]["train"].items()
-        if lengths
-    }
+    summary = data["summary"]
     settings = data["settings"]
     lengths = ", ".join(str(n) for n in settings.get("lengths", []))
     shape = f"model={settings['model']}, {settings['tokens']} tokens a batch, lengths {lengths}"
-    return seconds, shape
+    return BenchTimes(_means(summary["train"]), _means(summary.get("decode", {})), shape)
+
+
+def _means(medians: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
+    return {
+        name: statistics.fmean(float(by_length["median_s"]) for by_length in lengths.values())
+        for name, lengths in medians.items()
+        if lengths
+    }
 
 
 def add_bench_curves(runs: list[Run], seconds: dict[str, float]) -> list[str]:

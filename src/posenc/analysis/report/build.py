@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posenc.analysis.reading import reading
-from posenc.analysis.report.benchtime import add_bench_curves, bench_step_seconds
+from posenc.analysis.report.benchtime import add_bench_curves, read_bench
 from posenc.analysis.report.html import write_html
 from posenc.analysis.report.render import Heading, Table, Text, Writer, palette
 from posenc.analysis.report.runs import (
@@ -24,6 +24,7 @@ from posenc.analysis.report.runs import (
 )
 from posenc.analysis.report.sections_by_encoding import (
     section_attention,
+    section_bench_cost,
     section_cost,
     section_curves,
     section_runs,
@@ -105,11 +106,11 @@ def build_report(
     runs = [load_run(path, sweep, evaluation) for path in find_run_dirs(sweep, out)]
     if not runs:
         raise ReportError(f"no run directory (one with a config.yaml) under {sweep}")
-    bench_note = None
+    bench_note, times = None, None
     if bench is not None:
-        seconds, shape = bench_step_seconds(bench)
-        missing = add_bench_curves(runs, seconds)
-        bench_note = f"`{bench.name}` ({shape})" + (
+        times = read_bench(bench)
+        missing = add_bench_curves(runs, times.train)
+        bench_note = f"`{bench.name}` ({times.shape})" + (
             f"; not measured there, so not drawn: {', '.join(missing)}" if missing else ""
         )
     splits = split_names(runs, focus)
@@ -132,6 +133,8 @@ def build_report(
     section_curves(w, groups, styles, bench_note)
     scores = split_sections(w, splits, systems, runs, samples, styles)
     section_cost(w, groups, focus, reference)
+    if times is not None:
+        section_bench_cost(w, groups, reference, times, bench.name)
     section_attention(w, groups)
     summary = reading(w.rows, splits)
     w.insert(top, Heading("Reading"), Text([summary]))

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from posenc.analysis.report.benchtime import BenchTimes
 from posenc.analysis.report.curves import (
     kendall_tau,
     rankings_at_last_validations,
@@ -322,6 +323,50 @@ def section_cost(w: Writer, groups: Sequence[Group], focus: str, reference: str)
     if not any(g.pe == reference for g in groups):
         notes.append(f"No `{reference}` run: the relative columns are empty.")
     w.text(*notes)
+
+
+def section_bench_cost(
+    w: Writer, groups: Sequence[Group], reference: str, times: BenchTimes, name: str
+) -> None:
+    """Cost as the quiet benchmark ``times`` (file ``name``) measured it, beside the measured
+    cost above: each encoding's training step and cached decoding, ratios to ``reference``'s,
+    and each group's benchmark training time (its runs' steps times the step; CSV metrics
+    ``bench_*``). A variant has its encoding's times (the benchmark measures encodings)."""
+    w.text(
+        f"Cost in the quiet benchmark `{name}` ({times.shape}; one process, nothing beside it): "
+        "the training step and the cached greedy decoding of one batch, means over its lengths "
+        "of the medians, and each row's benchmark training time, its runs' steps times the "
+        "step, which is the time to compare encodings by. A variant has its encoding's times."
+    )
+    header = [
+        "encoding",
+        "step ms",
+        f"× {reference}",
+        "decoding ms",
+        f"× {reference}",
+        "benchmark training s",
+    ]
+    rows = []
+    for group in groups:
+        step, decode = times.train.get(group.pe), times.decode.get(group.pe)
+        ref_step, ref_decode = times.train.get(reference), times.decode.get(reference)
+        steps = [r.last_step for r in group.runs if r.status == DONE and r.last_step]
+        seconds = mean_std([n * step for n in steps]) if step is not None else None
+        values = {
+            "bench_step_ms": None if step is None else step * 1000,
+            f"bench_step_vs_{reference}": _ratio(step, ref_step),
+            "bench_decode_ms": None if decode is None else decode * 1000,
+            f"bench_decode_vs_{reference}": _ratio(decode, ref_decode),
+        }
+        for metric, value in values.items():
+            w.record("cost", "", group.label, "", metric, value)
+        record_stats(w, "cost", "", group.label, "bench_train_seconds", seconds)
+        rows.append([group.label, *(fmt(v, 2) for v in values.values()), fmt_stats(seconds, 0)])
+    w.table(header, rows)
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    return value / reference if value is not None and reference else None
 
 
 # ---------------------------------------------------------------- 7. attention maps
