@@ -133,7 +133,7 @@ def test_one_seed_gets_no_error_bar_and_bertscore_one_scale_on_every_split(tmp_p
             assert [c.errorbar is not None for c in bars] == [True, False]  # two seeds, one
     bert = {s: fig.axes[2] for s, fig in figures.items()}
     assert bert["test"].get_title() == "BERTScore F1 ×100"
-    assert bert["test"].get_ylim() == bert["long"].get_ylim() == limits["bertscore_f1"]
+    assert bert["test"].get_xlim() == bert["long"].get_xlim() == limits["bertscore_f1"]
     assert limits["bertscore_f1"][0] == 0.0 and limits["bertscore_f1"][1] > 62.0  # x100
     assert error_bar([1.0]) is None and error_bar([1.0, 3.0]) == pytest.approx(2**0.5)
 
@@ -148,7 +148,8 @@ def test_score_bars_name_their_split_and_axes_and_bars_sharing_a_colour_differ(t
     fig = plot_scores(Writer(tmp_path), "newstest2014", systems, palette(names), {})
     assert fig._suptitle.get_text().startswith("newstest2014, 3,003 sentences\n")
     bleu = fig.axes[0]
-    assert bleu.get_ylabel() == "BLEU"
+    assert bleu.get_xlabel() == "BLEU"
+    assert [t.get_text() for t in bleu.get_yticklabels()] == names[::-1]  # best on top, all named
     bars = [c.patches[0] for c in bleu.containers if isinstance(c, BarContainer)]
     looks = {(tuple(np.round(b.get_facecolor(), 3)), b.get_hatch()) for b in bars}
     assert len(bars) == len(looks) == 19

@@ -112,40 +112,42 @@ def plot_scores(
     limits: dict[str, tuple[float, float]],
 ) -> Figure:
     """``scores_SPLIT.png``: BLEU, chrF and BERTScore F1 x100 per system (:data:`BAR_SCORES`),
-    bars = mean, error bars = sample std over seeds (none for one seed), dots = seeds; a bar
-    whose colour an earlier bar has is hatched. Each score's y range is ``limits[metric]``,
+    one horizontal bar a system in rank order (the best on top, names readable however many),
+    bar = mean, error bar = sample std over seeds (none for one seed), dots = seeds; a bar
+    whose colour an earlier bar has is hatched. Each score's x range is ``limits[metric]``,
     the same on every split; the title names the split and its sentences."""
     order = system_order(systems)
     metrics = [m for m in BAR_SCORES if any(bar_values(systems[s], m[0], 1.0) for s in order)]
     panels = max(len(metrics), 1)
-    fig, axes = new_figure(3.2 * panels + 1, 4.3, panels)
+    fig, axes = new_figure(3.2 * panels + 2.5, 1.4 + 0.28 * max(len(order), 3), panels)
     seen: dict[Any, int] = {}
     hatches = {}
     for name in order:
         colour = styles.get(name, GREY)["color"]
         hatches[name] = HATCHES[seen.get(colour, 0) % len(HATCHES)]
         seen[colour] = seen.get(colour, 0) + 1
-    for ax, (metric, label, _, scale) in zip(axes, metrics, strict=False):
+    for panel, (ax, (metric, label, _, scale)) in enumerate(zip(axes, metrics, strict=False)):
         for i, name in enumerate(order):
             values = bar_values(systems[name], metric, scale)
             if not values:
                 continue
-            ax.bar(
+            ax.barh(
                 i,
                 statistics.fmean(values),
-                yerr=error_bar(values),
+                xerr=error_bar(values),
                 color=styles.get(name, GREY)["color"],
                 hatch=hatches[name],
                 edgecolor="white" if hatches[name] else None,
                 capsize=3,
                 alpha=0.85,
             )
-            ax.plot([i] * len(values), values, "k.", markersize=4)
-        ax.set_xticks(range(len(order)), order, rotation=60, ha="right", fontsize=7)
+            ax.plot(values, [i] * len(values), "k.", markersize=4)
+        ax.set_yticks(range(len(order)), order if panel == 0 else [], fontsize=7)
+        ax.set_ylim(len(order) - 0.5, -0.5)  # the best on top
         ax.set_title(label, fontsize=9)
-        ax.set_ylabel(label)
-        ax.set_ylim(*limits.get(metric, (0.0, None)))
-        ax.grid(axis="y", alpha=0.3)
+        ax.set_xlabel(label)
+        ax.set_xlim(*limits.get(metric, (0.0, None)))
+        ax.grid(axis="x", alpha=0.3)
     sentences = {e.scores.get("sentences") for entries in systems.values() for e in entries}
     counted = ""
     if len(sentences) == 1 and isinstance(only := next(iter(sentences)), int):
