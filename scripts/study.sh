@@ -58,6 +58,7 @@ dntk4: {scaling: dynamic_ntk, factor: 4, original_max_len: 32}}"
 # scaling's options worth comparing (issue 29) on model=small's three layers a stack
 SCALING_VARIANTS=(
   "pe=rope pe.off_layers=[2]"  # RoPE/NoPE interleaving (Yang et al. 2025), three RoPE : one NoPE
+  "pe=rope pe.cross_attention=rotated"  # compare's best system (seeds 0-2): does its lead hold?
 )
 ARCHIVE_EVERY=${ARCHIVE_EVERY:-300}
 ARCHIVE=${ARCHIVE:-docs/study/runs}  # where the runs are kept as text (another checkout's, say)
