@@ -13,7 +13,7 @@ import pytest
 from posenc.data.batching import TokenBatcher
 from posenc.data.corpus import DataError
 from posenc.data.pools import PooledBatcher
-from posenc.data.store import StoreWriter, open_store
+from posenc.data.store import StoreWriter, flatten, open_store
 
 
 class SavesNothing:
@@ -32,7 +32,7 @@ def random_store(tmp_path, rows: int, seed: int = 0):
     src = [[5] * int(n) for n in src_lengths]
     tgt = [[6] * int(n) for n in tgt_lengths]
     with StoreWriter(tmp_path / "store", vocab_size=100) as writer:
-        writer.append(src, tgt)
+        writer.append(flatten(src, writer.dtype), flatten(tgt, writer.dtype))
         writer.finish(SavesNothing())
     return open_store(tmp_path / "store")
 

@@ -12,7 +12,7 @@ from conftest import SMOKE, compose
 
 import posenc.data.prepare as prepare_module
 from posenc.data.corpus import DataError
-from posenc.data.store import StoreWriter, open_store, prepared, store_key
+from posenc.data.store import StoreWriter, flatten, open_store, prepared, store_key
 from posenc.data.tokenizer import load_tokenizer
 from posenc.job import run
 from posenc.training.inputs import encode_pairs
@@ -23,7 +23,7 @@ OVERRIDES = (*SMOKE, "pe=nonepe", "trainer.max_steps=6", "trainer.valid_every=2"
 def write_store(directory, src, tgt, tokenizer) -> None:
     """A store of these rows, written at once."""
     with StoreWriter(directory, tokenizer.vocab_size) as writer:
-        writer.append(src, tgt)
+        writer.append(flatten(src, writer.dtype), flatten(tgt, writer.dtype))
         writer.finish(tokenizer)
 
 

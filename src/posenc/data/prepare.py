@@ -266,9 +266,9 @@ def _write_ids(
     writer: StoreWriter, train: SpooledCorpus, tokenizer: Tokenizer, progress: bool
 ) -> None:
     """Tokenise ``train`` in chunks of :data:`CHUNK_PAIRS` pairs and append the ids, in order.
-    With more than one chunk, one worker process per core tokenises them: the Python work
-    around the Rust encoder (reading the spooled lines, the encoder's objects, flattening the
-    ids) then runs on every core too."""
+    With more than one chunk, one worker process per core tokenises them (one encoder thread
+    each, so the encoder and the Python work around it, reading the spooled lines and
+    flattening the ids, run on every core)."""
     from tqdm import tqdm
 
     global _WORK
@@ -281,7 +281,7 @@ def _write_ids(
         ):
             chunks = pool.imap(_encoded_chunk, starts) if pool else map(_encoded_chunk, starts)
             for src, tgt in chunks:
-                writer.append_flat(src, tgt)
+                writer.append(src, tgt)
                 bar.update(len(src[1]))
     finally:
         _WORK = None

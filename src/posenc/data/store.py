@@ -138,9 +138,10 @@ def _stamps(data: dict, tokenizer: dict) -> list[tuple[str, int, int]]:
 
 class StoreWriter:
     """Writes a store in chunks of rows: ``with StoreWriter(directory, vocab_size) as writer:
-    writer.append(src_rows, tgt_rows) ...; writer.finish(tokenizer)``. Rows go to a temporary
-    directory beside ``directory``, renamed into place by :meth:`finish`; leaving the ``with``
-    block without it (an error, a kill) leaves nothing a later run trusts. When another process
+    writer.append(flatten(src_rows, writer.dtype), flatten(tgt_rows, writer.dtype)) ...;
+    writer.finish(tokenizer)``. Rows go to a temporary directory beside ``directory``, renamed
+    into place by :meth:`finish`; leaving the ``with`` block without it (an error, a kill)
+    leaves nothing a later run trusts. When another process
     finished the same store first, theirs is kept."""
 
     def __init__(self, directory: Path, vocab_size: int) -> None:
@@ -161,14 +162,11 @@ class StoreWriter:
             handle.close()
         shutil.rmtree(self.work, ignore_errors=True)
 
-    def append(self, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
-        """Add rows (the ids of aligned pairs, ``len(src) == len(tgt)``)."""
-        self.append_flat(flatten(src, self.dtype), flatten(tgt, self.dtype))
-
-    def append_flat(
+    def append(
         self, src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray]
     ) -> None:
-        """Add rows given flat, each side as :func:`flatten` gives it: ``(ids, lengths)``."""
+        """Add rows of aligned pairs, each side as :func:`flatten` gives it: ``(ids,
+        lengths)``."""
         if len(src[1]) != len(tgt[1]):
             raise ValueError(f"{len(src[1])} source rows but {len(tgt[1])} target rows")
         for side, (flat, lengths) in zip(SIDES, (src, tgt), strict=True):
