@@ -11,7 +11,6 @@ floor; otherwise the verdict says which rule it failed.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from posenc.analysis.report.runs import (
     load_run,
     split_entries,
 )
-from posenc.analysis.report.stats import paired_bootstrap, seed_texts
+from posenc.analysis.report.stats import best_mean_bleu, paired_bootstrap, pooled, seed_texts
 
 METRICS = ("bleu", "chrf")
 MISSING = "not in the sweep"
@@ -75,11 +74,8 @@ def contrast(
     if not row.seeds or any(texts[first][s][1] != texts[second][s][1] for s in row.seeds):
         row.seeds = ()
         return row
-    pooled = {
-        name: [line for s in row.seeds for line in texts[name][s][0]] for name in (first, second)
-    }
-    references = [line for s in row.seeds for line in texts[first][s][1]]
-    results, _ = paired_bootstrap([(n, pooled[n]) for n in (first, second)], references, samples)
+    named = [(name, pooled(texts[name], row.seeds, 0)) for name in (first, second)]
+    results, _ = paired_bootstrap(named, pooled(texts[first], row.seeds, 1), samples)
     row.p_values = {m: results[1][m].p_value for m in METRICS}
     row.differences = {m: seed_difference(systems[first], systems[second], m) for m in METRICS}
     return row
@@ -140,12 +136,7 @@ def sweep_contrasts(
     rows, best = [], {}
     for split in splits:
         systems = split_entries(groups, split)
-        means = [
-            statistics.fmean(float(e.scores["bleu"]) for e in entries)
-            for entries in systems.values()
-            if entries and all(e.scores.get("bleu") is not None for e in entries)
-        ]
-        best[split] = max(means, default=0.0)
+        best[split] = (best_mean_bleu(systems) if systems else None) or 0.0
         rows += [contrast(systems, split, a, b, samples) for a, b in pairs]
     judge(rows, best)
     return rows

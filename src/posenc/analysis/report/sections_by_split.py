@@ -23,6 +23,7 @@ from posenc.analysis.report.runs import FAILED, Entry, Run
 from posenc.analysis.report.stats import (
     SCORES,
     Paired,
+    best_mean_bleu,
     bucket_label,
     bucket_values,
     length_limits,
@@ -191,8 +192,8 @@ def section_significance(
         metric: holm({r.system: p for r in others if (p := p_value(r, metric)) is not None})
         for metric in ("bleu", "chrf")
     }
-    best_bleu = mean_std(e.scores.get("bleu") for e in usable[baseline])
-    floor = best_bleu is not None and best_bleu[0] < NOISE_FLOOR_BLEU
+    best_bleu = best_mean_bleu(usable)
+    floor = best_bleu is not None and best_bleu < NOISE_FLOOR_BLEU
     w.record("significance", split, baseline, "", "noise_floor", int(floor))
     table = [_significance_cells(w, split, rows[0], baseline, {}, {}, "")]
     for row in others:

@@ -155,10 +155,19 @@ def paired_bootstrap(
     return results, {m: str(signatures[n]) for m, n in zip(metrics, names, strict=True)}
 
 
-def _concat(
+def pooled(
     texts: dict[int, tuple[list[str], list[str]]], seeds: Iterable[int], side: int
 ) -> list[str]:
+    """The lines of ``seeds``' texts (:func:`seed_texts`), in seed order: their hypotheses
+    (``side`` 0) or references (1), pooled for one paired bootstrap."""
     return [line for s in seeds for line in texts[s][side]]
+
+
+def best_mean_bleu(systems: dict[str, list[Entry]]) -> float | None:
+    """The mean BLEU over seeds of the best system (:func:`system_order`), None without BLEU:
+    below :data:`~posenc.analysis.report.findings.NOISE_FLOOR_BLEU` a split ranks nothing."""
+    stats = mean_std(e.scores.get("bleu") for e in systems[system_order(systems)[0]])
+    return stats[0] if stats else None
 
 
 def significance_rows(
@@ -185,14 +194,14 @@ def significance_rows(
         elif any(texts[s][1] != base[s][1] for s in row.seeds):
             row.note = "references differ from the baseline's"
         else:
-            hyps[name] = _concat(texts, row.seeds, 0)
+            hyps[name] = pooled(texts, row.seeds, 0)
             by_seeds.setdefault(row.seeds, []).append(row)
-            if hyps[name] == _concat(base, row.seeds, 0):
+            if hyps[name] == pooled(base, row.seeds, 0):
                 row.note = IDENTICAL
     signatures: dict[str, str] = {}
     for seeds, group in by_seeds.items():
-        named = [(baseline, _concat(base, seeds, 0)), *[(r.system, hyps[r.system]) for r in group]]
-        results, signatures = paired_bootstrap(named, _concat(base, seeds, 1), samples)
+        named = [(baseline, pooled(base, seeds, 0)), *[(r.system, hyps[r.system]) for r in group]]
+        results, signatures = paired_bootstrap(named, pooled(base, seeds, 1), samples)
         if seeds == top.seeds:
             top.results = results[0]
         for row, result in zip(group, results[1:], strict=True):
