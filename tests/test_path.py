@@ -110,11 +110,11 @@ def test_attention_equals_softmax_of_the_loop_reference_forward_and_backward(sit
 
 def test_a_cached_key_is_the_key_through_every_householder_since():
     rule = make_rule()
-    x, q, k, _ = inputs()
+    x, q, k, v = inputs()
     call = call_for(Site.DECODER)
     _, _, state = rule.prepare(q, k, x, call.q_pos)
     w, beta = paper_householders(rule, x)
-    cached = rule.cached_keys(k, state, call)
+    _, cached = rule.attend_cached(q, k, v, state, call)
     for j in range(LENGTH):
         key = k[0, 1, j]
         for t in range(j + 1, LENGTH):
@@ -144,20 +144,20 @@ def test_with_reflections_the_transform_keeps_every_key_length():
     """``beta = 2`` and unit ``w`` make each ``H_t`` a reflection, so the product is orthogonal:
     the transformed keys keep their lengths (as a rotation would), unlike ``beta`` below 2."""
     rule = make_rule()
-    x, q, k, _ = inputs()
+    x, q, k, v = inputs()
     call = call_for(Site.DECODER)
     with torch.no_grad():
         rule.beta.weight.zero_()
         rule.beta.bias.fill_(50.0)  # sigmoid(50) == 1 in float64
         rule.w_conv.mul_(100.0)  # |w|^2 far above the normalisation's epsilon
         _, _, state = rule.prepare(q, k, x, call.q_pos)
-        cached = rule.cached_keys(k, state, call)
+        _, cached = rule.attend_cached(q, k, v, state, call)
     torch.testing.assert_close(cached.norm(dim=-1), k.detach().norm(dim=-1))
     assert not torch.allclose(cached, k.detach())
     with torch.no_grad():
         rule.beta.bias.fill_(0.0)  # beta = 1: projections, which shorten
         _, _, state = rule.prepare(q, k, x, call.q_pos)
-        shorter = rule.cached_keys(k, state, call).norm(dim=-1)
+        shorter = rule.attend_cached(q, k, v, state, call)[1].norm(dim=-1)
     assert (shorter[..., :-1] < k.detach().norm(dim=-1)[..., :-1]).all()
 
 

@@ -91,9 +91,10 @@ class MultiHeadAttention(nn.Module):
         keys/values once. Returns ``(B, Lq, d)``.
         """
         q, k, v, state = self._project(x, call, memory, cache)
-        out = self.rule(q, k, v, state, call)
         if cache is not None and memory is None:
-            cache["k"] = self.rule.cached_keys(k, state, call)
+            out, cache["k"] = self.rule.attend_cached(q, k, v, state, call)
+        else:
+            out = self.rule(q, k, v, state, call)
         b, _, lq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, lq, -1))
 

@@ -142,7 +142,7 @@ class AttentionRule(EncodingModule):
       per-key state that is cached with k (FoX's log forget gates);
     * :meth:`bias` to add a ``(B|1, H|1, Lq, Lk)`` term to the logits (ALiBi, T5, KERPLE, FoX);
     * :meth:`forward` to replace the attention computation (Shaw, CoPE, stick-breaking, PaTH);
-    * :meth:`cached_keys` when a new token changes how the cached keys are seen (PaTH).
+    * :meth:`attend_cached` when a new token changes how the cached keys are seen (PaTH).
 
     Two declarations tell the diagnostic plots (:mod:`posenc.analysis.plot_pe`) what suits the
     rule: :attr:`rotates_qk` and :attr:`masking_bias`.
@@ -200,11 +200,14 @@ class AttentionRule(EncodingModule):
             scores = scores + bias.to(scores.dtype)
         return masked_softmax(scores, call)
 
-    def cached_keys(self, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor:
-        """The keys ``(B, H, Lk, D)`` a self-attention cache keeps after this call, for the next
-        call's new tokens to extend: ``k`` itself, unless later tokens change how earlier keys
-        are seen (PaTH's Householder products transform every cached key)."""
-        return k
+    def attend_cached(
+        self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> tuple[Tensor, Tensor]:
+        """Self-attention with a cache: the output (as :meth:`forward`) and the keys
+        ``(B, H, Lk, D)`` the cache keeps for the next call's new tokens to extend: ``k``
+        itself, unless later tokens change how earlier keys are seen (PaTH's Householder
+        products transform every cached key)."""
+        return self(q, k, v, key_state, call), k
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall

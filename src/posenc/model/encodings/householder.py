@@ -22,7 +22,7 @@ left out (``pe=fox`` is the forget gate alone).
 
 Computed exactly and in parallel as one unit lower-triangular solve over the tokens (the UT
 form of a product of Householders, ``O(L^2 D + L^3)`` a head); cached decoding keeps the cached
-keys transformed by every Householder so far (:meth:`PathRule.cached_keys`), as the reference's
+keys transformed by every Householder so far (:meth:`PathRule.attend_cached`), as the reference's
 ``rank_one_update`` does. The key state cached with each token is its pre-convolution ``w`` and
 its ``beta``. The derivation, and where posenc differs from the reference:
 ``docs/encodings/path.md``.
@@ -40,6 +40,7 @@ target tokens share no sequence to accumulate along).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -137,52 +138,65 @@ class PathRule(AttentionRule):
             system, (w @ k.transpose(-1, -2)) * later, upper=False, unitriangular=True
         )
 
-    def _through(
-        self, q: Tensor, k: Tensor, w: Tensor, beta: Tensor, q_pos: Tensor, k_pos: Tensor
-    ) -> Tensor:
+    @staticmethod
+    def _through(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, x: Tensor, q_pos: Tensor) -> Tensor:
         """Causal logits times sqrt(D), ``q_i^T H_i ... H_(k_pos_j + 1) k_j`` ``(B, H, Lq,
         Lk)``, for queries at ``q_pos`` that are also the tokens whose Householders ``w, beta``
-        apply, and keys at ``k_pos`` (earlier keys already transformed up to the first
-        query)."""
+        apply, keys ``k`` (earlier keys already transformed up to the first query) and their
+        coefficients ``x`` (:meth:`_coefficients`)."""
         within = (q_pos[None, :] <= q_pos[:, None]).to(q.dtype)  # (Lq, Lq): r <= i
         through = (q @ w.transpose(-1, -2)) * within * beta[..., None, :]
-        return q @ k.transpose(-1, -2) - through @ self._coefficients(w, beta, k, q_pos, k_pos)
+        return q @ k.transpose(-1, -2) - through @ x
 
-    def _scores(self, q: Tensor, k: Tensor, key_state: Tensor, call: AttentionCall) -> Tensor:
-        """Logits ``(B, H, Lq, Lk)`` in the compute dtype, unmasked."""
+    def _scores(
+        self, q: Tensor, k: Tensor, key_state: Tensor, call: AttentionCall
+    ) -> tuple[Tensor, Callable[[], Tensor]]:
+        """Logits ``(B, H, Lq, Lk)`` in the compute dtype, unmasked, and the keys transformed
+        by this call's Householders, ``H_last ... H_(j+1) k_j`` ``(B, H, Lk, D)``, as a thunk
+        (a cache's next call continues from them; training never asks for them)."""
         dtype = compute_dtype(q)
         q, k = q.to(dtype), k.to(dtype)
         w, beta = self.householders(key_state.to(dtype), q.shape[2])
-        scores = self._through(q, k, w, beta, call.q_pos, call.k_pos)
+        x = self._coefficients(w, beta, k, call.q_pos, call.k_pos)
+        scores = self._through(q, k, w, beta, x, call.q_pos)
         if self.bidirectional:  # keys after the query: the causal form, query and key exchanged
-            reverse = self._through(k, q, w, beta, call.k_pos, call.q_pos)
+            x_reverse = self._coefficients(w, beta, q, call.k_pos, call.q_pos)
+            reverse = self._through(k, q, w, beta, x_reverse, call.k_pos)
             after = call.k_pos[None, :] > call.q_pos[:, None]
             scores = torch.where(after, reverse.transpose(-1, -2), scores)
-        return scores / math.sqrt(q.shape[-1])
+        return scores / math.sqrt(
+            q.shape[-1]
+        ), lambda: k - x.transpose(-1, -2) @ (w * beta[..., None])
 
     def weights(
         self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         with torch.autocast(q.device.type, enabled=False):
-            return masked_softmax(self._scores(q, k, key_state, call), call).to(q.dtype)
+            return masked_softmax(self._scores(q, k, key_state, call)[0], call).to(q.dtype)
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         with torch.autocast(q.device.type, enabled=False):
-            attn = masked_softmax(self._scores(q, k, key_state, call), call)
-            if call.dropout_p:
-                attn = F.dropout(attn, call.dropout_p)
-            return (attn @ v.to(attn.dtype)).to(q.dtype)
+            return _attend(self._scores(q, k, key_state, call)[0], v, call).to(q.dtype)
 
-    def cached_keys(self, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor:
-        """The keys ``(B, H, Lk, D)`` transformed by this call's Householders, ``H_last ...
-        H_(j+1) k_j``: what the next call's new tokens continue from."""
-        with torch.autocast(k.device.type, enabled=False):
-            dtype = compute_dtype(k)
-            w, beta = self.householders(key_state.to(dtype), call.q_pos.shape[0])
-            x = self._coefficients(w, beta, k.to(dtype), call.q_pos, call.k_pos)
-            return (k.to(dtype) - x.transpose(-1, -2) @ (w * beta[..., None])).to(k.dtype)
+    def attend_cached(
+        self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
+    ) -> tuple[Tensor, Tensor]:
+        """The output, and the keys transformed by this call's Householders for the cache:
+        one computation of the Householder terms serves both."""
+        with torch.autocast(q.device.type, enabled=False):
+            scores, advanced = self._scores(q, k, key_state, call)
+            return _attend(scores, v, call).to(q.dtype), advanced().to(k.dtype)
+
+
+def _attend(scores: Tensor, v: Tensor, call: AttentionCall) -> Tensor:
+    """Softmax of ``scores (B, H, Lq, Lk)`` under the call's mask (and dropout) applied to
+    ``v (B, H, Lk, D)``, in the scores' dtype."""
+    attn = masked_softmax(scores, call)
+    if call.dropout_p:
+        attn = F.dropout(attn, call.dropout_p)
+    return attn @ v.to(attn.dtype)
 
 
 class PathEncoding(StackEncoding):
