@@ -42,9 +42,14 @@ VARIANTS=(
   "pe=sinpe pe.augment=shift pe.augment_range=100"  # SHAPE (Kiyono et al. 2021)
   "pe=alibi pe.dape=true"                    # DAPE (Zheng et al. 2024)
 )
-# extrapolation's position augmentation (issue 29), where it applies: random positions cover the
-# test lengths (sources up to 120 tokens, targets up to 1.5 x 120 + 10)
+# extrapolation's options (issue 29): those of compare that are about length (the symmetric encoder
+# forms are left to compare) and position augmentation where it applies, whose random positions
+# cover the test lengths (sources up to 120 tokens, targets up to 1.5 x 120 + 10)
 EXTRAP_VARIANTS=(
+  "pe=rope pe.rotary_fraction=0.5"
+  "pe=rope pe.rope_proportion=0.75"
+  "pe=rope pe.cross_attention=rotated"
+  "pe=alibi pe.dape=true"
   "pe=rope pe.augment=random pe.augment_range=256"     # randomized positions (Ruoss et al. 2023)
   "pe=learned pe.augment=random pe.augment_range=256"  # every table row trained
   "pe=t5 pe.augment=random pe.augment_range=256"
