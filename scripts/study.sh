@@ -6,8 +6,9 @@
 #   beam5      a standalone beam-5 evaluation of every finished compare run
 #   extrap     experiment=extrapolation, the same encodings and seeds, EXTRAP_VARIANTS and
 #              RoPE's test-time scalings (ROPE_SCALINGS) on each trained rope run
-#   bench      a quiet benchmark at compare's shape (model=cpu, 1024-token batches), for the
-#              report's benchmark-time axis (nothing else may run meanwhile): outputs/study/
+#   bench      a quiet benchmark at compare's shape (model=cpu, 1024-token batches), the
+#              variants included, for the report's benchmark-time axis and cost table
+#              (nothing else may run meanwhile): outputs/study/
 #   seed_report  the seed report's own setting for nonepe, sinpe, rpe, rope and alibi, seed 0
 #   scaling    the seed report's four and BEST (two encodings, e.g. BEST=rope,xl) at model=small
 #              and 8,000 steps (4x compare's), seed 0: does the short budget's ranking hold?
@@ -139,9 +140,13 @@ for stage in $STAGES; do
             trainer.progress=false
         done
       done ;;
-    bench)
+    bench)  # the variants too, under the report's names for them
+      variant_args=()
+      for variant in "${VARIANTS[@]}" "${EXTRAP_VARIANTS[@]}"; do
+        variant_args+=(--variant "$variant")
+      done
       bounded $PY scripts/bench.py --model cpu --tokens 1024 --lengths 32,64 --repeats 7 \
-        --threads 1 --out outputs/study/bench_cpu.json ;;
+        --threads 1 "${variant_args[@]}" --out outputs/study/bench_cpu.json ;;
     seed_report)
       bounded $PY train.py -m experiment=seed_report pe=nonepe,sinpe,rpe,rope,alibi seed=0 \
         "${common[@]}" ;;

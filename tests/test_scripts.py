@@ -52,6 +52,7 @@ def test_bench_quick_writes_json_with_ratios_and_markdown(tmp_path, monkeypatch)
         "--decode-batch=2",
         "--threads=1",
         "--no-memory",  # it reconfigures malloc for the rest of the process
+        "--variant=alibi pe.dape=true",  # an encoding with options, as a sweep overrides it
         f"--out={out}",
     ]
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
@@ -64,13 +65,15 @@ def test_bench_quick_writes_json_with_ratios_and_markdown(tmp_path, monkeypatch)
     assert result["machine"]["torch_threads"] == 1
     assert result["errors"] == {}
     for kind in ("train", "decode"):
-        assert set(result["summary"][kind]) == {"nonepe", "sinpe"}
+        assert set(result["summary"][kind]) == {"nonepe", "sinpe", "alibi (pe.dape=True)"}
         assert result["summary"][kind]["nonepe"]["64"]["ratio"] == 1.0
         assert result["summary"][kind]["sinpe"]["64"]["ratio"] > 0
         assert len(result["samples_s"][kind]["sinpe"]["64"]) == 1
     assert result["memory_mb"] is None
     report = out.with_suffix(".md").read_text()
     assert "| sinpe |" in report and "(1.00)" in report
+    assert "| alibi (pe.dape=True) |" in report
+    assert result["parameters"]["alibi (pe.dape=True)"] > result["parameters"]["nonepe"]
     assert "<= 1.10" in report  # sinpe's target is printed (no verdict: L=128 not measured)
 
 

@@ -3,6 +3,7 @@ has a ``configs/pe/*.yaml``, so a new encoding appears in them without code chan
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc.config import CONFIG_DIR, ModelConfig, plain, reference_encoding
 from posenc.config.identity import differences
+from posenc.config.variants import encoding_config
 from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.model.encodings import encoding_factory
 from posenc.model.seq2seq import Seq2Seq
@@ -43,23 +45,36 @@ def select_encodings(spec: str | None, config_dir: Path = CONFIG_DIR) -> list[st
     return list(dict.fromkeys(names))
 
 
-def model_config(pe: str, model: str = "small", config_dir: Path = CONFIG_DIR) -> DictConfig:
-    """``{model: configs/model/MODEL.yaml, pe: configs/pe/PE.yaml}`` as one OmegaConf node."""
+def model_config(
+    pe: str,
+    model: str = "small",
+    config_dir: Path = CONFIG_DIR,
+    options: Mapping[str, Any] | None = None,
+) -> DictConfig:
+    """``{model: configs/model/MODEL.yaml, pe: encoding_config(PE)}`` as one OmegaConf node,
+    with ``options`` (``{"pe.KEY": value}``, as :func:`parse_variant` gives) applied."""
     path = config_dir / "model" / f"{model}.yaml"
     if not path.exists():
         raise ValueError(f"no model config {path}")
-    return OmegaConf.create(
-        {"model": OmegaConf.load(path), "pe": OmegaConf.load(config_dir / "pe" / f"{pe}.yaml")}
-    )
+    cfg = OmegaConf.create({"model": OmegaConf.load(path), "pe": encoding_config(pe, config_dir)})
+    for key, value in (options or {}).items():
+        OmegaConf.update(cfg, key, value)
+    return cfg
 
 
 def build_named_model(
-    pe: str, model: str = "small", vocab_size: int = 8000, seed: int = 0
+    pe: str,
+    model: str = "small",
+    vocab_size: int = 8000,
+    seed: int = 0,
+    options: Mapping[str, Any] | None = None,
 ) -> Seq2Seq:
-    """The Seq2Seq of ``configs/model/MODEL.yaml`` with encoding ``PE``, initialised from
-    ``seed`` (pad 0, bos 1, eos 2), through the training code's own ``build_model``."""
+    """The Seq2Seq of ``configs/model/MODEL.yaml`` with encoding ``PE`` and its ``options``
+    (:func:`model_config`), initialised from ``seed`` (pad 0, bos 1, eos 2), through the
+    training code's own ``build_model``."""
     torch.manual_seed(seed)
-    return build_model(model_config(pe, model), vocab_size, PAD_ID, BOS_ID, EOS_ID)
+    cfg = model_config(pe, model, options=options)
+    return build_model(cfg, vocab_size, PAD_ID, BOS_ID, EOS_ID)
 
 
 def build_model(cfg: DictConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> Seq2Seq:

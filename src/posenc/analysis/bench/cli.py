@@ -29,6 +29,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(configs/pe/*.yaml) and report ratios to the reference encoding measured alongside."
     )
     parser.add_argument("--pe", default=None, help="comma-separated subset (default: all)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="also an encoding with options, as a sweep overrides them (repeatable): "
+        "--variant 'alibi pe.dape=true', measured as 'alibi (pe.dape=True)', the report's name",
+    )
     parser.add_argument("--lengths", type=_int_list, default=None, help="default 64,128,256")
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per side per batch")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5)")
@@ -72,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             vocab_size=args.vocab,
             seed=args.seed,
             memory=not args.no_memory,
+            variants=args.variant,
         )
     except ValueError as err:
         print(f"bench: {err}", file=sys.stderr)

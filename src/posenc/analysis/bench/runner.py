@@ -31,6 +31,7 @@ from posenc.analysis.bench.measure import (
     timed,
 )
 from posenc.config import CONFIG_DIR, reference_encoding
+from posenc.config.variants import parse_variant, variant_label
 from posenc.model.encodings import encoding_class
 from posenc.model.factory import PAD_ID, build_named_model
 from posenc.model.seq2seq import Seq2Seq, count_parameters
@@ -61,14 +62,24 @@ class BenchSettings:
     seed: int = 0
     memory: bool = True
     reference: str = field(default_factory=reference_encoding)
+    variants: list[str] = field(default_factory=list)
+    """encodings with options, each a sweep's overrides (``"alibi pe.dape=true"``), measured
+    under the report's name for them (``alibi (pe.dape=True)``) after the encodings"""
 
     def __post_init__(self) -> None:
         if self.reference not in self.encodings:
             self.encodings = [self.reference, *self.encodings]
+        parsed = [parse_variant(text) for text in self.variants]
+        self._options = {variant_label(pe, options): (pe, options) for pe, options in parsed}
+        self.encodings += [name for name in self._options if name not in self.encodings]
         if min(self.lengths) < 1 or self.tokens < 1 or self.repeats < 1 or self.warmup < 0:
             raise ValueError("lengths, tokens and repeats must be positive and warmup >= 0")
         if self.decode_batch < 1:
             raise ValueError(f"decode_batch={self.decode_batch} must be positive")
+
+    def subject(self, name: str) -> tuple[str, dict[str, Any]]:
+        """The encoding and options (``{"pe.KEY": value}``) measured under ``name``."""
+        return self._options.get(name, (name, {}))
 
 
 @dataclass
@@ -125,10 +136,13 @@ def never_eos(model: Seq2Seq) -> Iterator[None]:
 
 
 def build_workload(name: str, settings: BenchSettings, model: str | None = None) -> Workload:
-    """Model (seeded) and AdamW of encoding ``name`` with the default trainer settings, at
+    """Model (seeded) and AdamW of encoding or variant ``name`` (:meth:`BenchSettings.subject`)
+    with the default trainer settings, at
     ``configs/model/MODEL.yaml`` (default: the benchmark's ``settings.model``)."""
+    pe, options = settings.subject(name)
+    model = model or settings.model
     return Workload.default(
-        build_named_model(name, model or settings.model, settings.vocab_size, settings.seed)
+        build_named_model(pe, model, settings.vocab_size, settings.seed, options=options)
     )
 
 

@@ -61,17 +61,30 @@ def _means(medians: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
     }
 
 
-def add_bench_curves(runs: list[Run], seconds: dict[str, float]) -> list[str]:
-    """Give every run whose encoding the benchmark measured the curves of :data:`TWINS` (steps
-    times its step seconds); returns the encodings it did not measure, sorted."""
-    missing = set()
+def bench_time(table: dict[str, float], label: str, pe: str) -> tuple[float | None, bool]:
+    """A row's time in ``table`` (one of :class:`BenchTimes`' dictionaries): its own, where the
+    benchmark measured the row's variant (``--variant``, under the report's ``label``), else
+    its encoding's; and whether it is the row's own."""
+    if label in table:
+        return table[label], True
+    return table.get(pe), label == pe
+
+
+def add_bench_curves(runs: list[Run], seconds: dict[str, float]) -> tuple[list[str], list[str]]:
+    """Give every run the benchmark measured (its variant's step, else its encoding's: see
+    :func:`bench_time`; the runs' labels are set, :func:`.runs.group_runs`) the curves of
+    :data:`TWINS` (steps times its step seconds); returns the encodings it did not measure and
+    the variants drawn with their encoding's step, each sorted."""
+    missing, borrowed = set(), set()
     for run in runs:
-        step = seconds.get(run.pe)
+        step, own = bench_time(seconds, run.label, run.pe)
         if step is None:
             missing.add(run.pe)
             continue
+        if not own:
+            borrowed.add(run.label)
         for steps, bench in TWINS.items():
             if steps in run.curves:
                 x, y = run.curves[steps]
                 run.curves[bench] = (np.asarray(x, dtype=float) * step, y)
-    return sorted(missing)
+    return sorted(missing), sorted(borrowed)

@@ -106,17 +106,24 @@ def build_report(
     runs = [load_run(path, sweep, evaluation) for path in find_run_dirs(sweep, out)]
     if not runs:
         raise ReportError(f"no run directory (one with a config.yaml) under {sweep}")
-    bench_note, times = None, None
-    if bench is not None:
-        times = read_bench(bench)
-        missing = add_bench_curves(runs, times.train)
-        bench_note = f"`{bench.name}` ({times.shape})" + (
-            f"; not measured there, so not drawn: {', '.join(missing)}" if missing else ""
-        )
     splits = split_names(runs, focus)
     reference = reference_of(runs, reference)
     out.mkdir(parents=True, exist_ok=True)
     groups = group_runs(runs)
+    bench_note, times = None, None
+    if bench is not None:
+        times = read_bench(bench)
+        missing, borrowed = add_bench_curves(runs, times.train)
+        bench_note = (
+            f"`{bench.name}` ({times.shape})"
+            + (f"; not measured there, so not drawn: {', '.join(missing)}" if missing else "")
+            + (
+                f"; variants not measured there, drawn with their encoding's step: "
+                f"{', '.join(borrowed)}"
+                if borrowed
+                else ""
+            )
+        )
     systems = {split: split_entries(groups, split) for split in splits}
     order = system_order(systems[focus]) if splits else []
     groups.sort(key=lambda g: (order.index(g.label) if g.label in order else len(order), g.label))

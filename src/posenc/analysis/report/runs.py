@@ -16,6 +16,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from posenc.config import CONFIG_DIR, RUN_CONTROL_KEYS, flatten, reference_encoding
+from posenc.config.variants import encoding_config, variant_label
 from posenc.runtime.sinks import LEGACY_TIME_PREFIX, TIME_PREFIX
 from posenc.runtime.untrusted import (
     INT,
@@ -326,7 +327,7 @@ def pe_defaults(pe: str, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
     known = {p.stem: p for p in (config_dir / "pe").glob("*.yaml")}
     if pe not in known:
         return {}
-    return flatten({"pe": OmegaConf.to_container(OmegaConf.load(known[pe]))})
+    return flatten({"pe": OmegaConf.to_container(encoding_config(pe, config_dir))})
 
 
 def _is_variant_key(key: str) -> bool:
@@ -357,8 +358,9 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
         own = [  # the encoding's settings where this run leaves its YAML's default
             k for k in pe_keys.get(run.pe, []) if run.config.get(k) != defaults[run.pe].get(k)
         ]
-        variant = ", ".join(f"{k}={run.config.get(k, '?')}" for k in own + variant_keys)
-        run.label = f"{run.pe} ({variant})" if variant else run.pe
+        settings = {k: run.config.get(k, "?") for k in own + variant_keys}
+        variant = ", ".join(f"{k}={v}" for k, v in settings.items())
+        run.label = variant_label(run.pe, settings)
         groups.setdefault(run.label, Group(run.label, run.pe, variant, [])).runs.append(run)
     for group in groups.values():
         group.runs.sort(key=lambda r: (r.seed, r.name))

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from posenc.analysis.report.benchtime import BenchTimes
+from posenc.analysis.report.benchtime import BenchTimes, bench_time
 from posenc.analysis.report.curves import (
     kendall_tau,
     rankings_at_last_validations,
@@ -331,12 +331,14 @@ def section_bench_cost(
     """Cost as the quiet benchmark ``times`` (file ``name``) measured it, beside the measured
     cost above: each encoding's training step and cached decoding, ratios to ``reference``'s,
     and each group's benchmark training time (its runs' steps times the step; CSV metrics
-    ``bench_*``). A variant has its encoding's times (the benchmark measures encodings)."""
+    ``bench_*``). A variant the benchmark did not measure (``--variant``) has its encoding's
+    times, marked so."""
     w.text(
         f"Cost in the quiet benchmark `{name}` ({times.shape}; one process, nothing beside it): "
         "the training step and the cached greedy decoding of one batch, means over its lengths "
         "of the medians, and each row's benchmark training time, its runs' steps times the "
-        "step, which is the time to compare encodings by. A variant has its encoding's times."
+        "step, which is the time to compare encodings by. A variant the benchmark did not "
+        "measure has its encoding's times, marked *."
     )
     header = [
         "encoding",
@@ -348,7 +350,8 @@ def section_bench_cost(
     ]
     rows = []
     for group in groups:
-        step, decode = times.train.get(group.pe), times.decode.get(group.pe)
+        step, own = bench_time(times.train, group.label, group.pe)
+        decode, own_decode = bench_time(times.decode, group.label, group.pe)
         ref_step, ref_decode = times.train.get(reference), times.decode.get(reference)
         steps = [r.last_step for r in group.runs if r.status == DONE and r.last_step]
         seconds = mean_std([n * step for n in steps]) if step is not None else None
@@ -361,7 +364,8 @@ def section_bench_cost(
         for metric, value in values.items():
             w.record("cost", "", group.label, "", metric, value)
         record_stats(w, "cost", "", group.label, "bench_train_seconds", seconds)
-        rows.append([group.label, *(fmt(v, 2) for v in values.values()), fmt_stats(seconds, 0)])
+        label = group.label if own and own_decode else f"{group.label} *"
+        rows.append([label, *(fmt(v, 2) for v in values.values()), fmt_stats(seconds, 0)])
     w.table(header, rows)
 
 
