@@ -1,12 +1,13 @@
 """The extrapolation penalty: the short-trained sweep's loss minus the all-lengths sweep's, per
-source-length bucket, paired by encoding and seed (run directories written by hand: config and
-metrics only)."""
+source-length bucket, paired by system and seed, with the seeds' spread (run directories written
+by hand: config and metrics only)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -16,16 +17,34 @@ from posenc.analysis.penalty import done_runs, main, penalties, penalty_table
 BUCKETS = [(0, 10, 40), (10, 20, 400), (20, 30, 500), (120, 1000, 2)]
 
 
-def write_run(sweep: Path, pe: str, seed: int, losses: list[float]) -> None:
-    run = sweep / f"pe={pe},seed={seed}"
-    run.mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump({"pe": {"name": pe}, "seed": seed}))
+def scores(losses: list[float]) -> dict:
     buckets = [
         {"min": lo, "max": hi, "sentences": n, "bleu": 1.0, "loss": loss}
         for (lo, hi, n), loss in zip(BUCKETS, losses, strict=True)
     ]
-    test = {"bleu": 1.0, "chrf": 1.0, "loss": 5.0, "sentences": 942, "buckets": buckets}
-    metrics = {"pe": pe, "step": 10, "splits": {"test": test}}
+    return {"bleu": 1.0, "chrf": 1.0, "loss": 5.0, "sentences": 942, "buckets": buckets}
+
+
+def write_run(
+    sweep: Path,
+    pe: str,
+    seed: int,
+    losses: list[float],
+    options: dict | None = None,
+    variants: dict[str, list[float]] | None = None,
+) -> None:
+    """A finished run of encoding ``pe`` (with ``pe.*`` ``options``) and its test-time
+    ``variants`` (``eval.pe_variants``' scores)."""
+    run = sweep / f"pe={pe},seed={seed}{''.join(f',{k}={v}' for k, v in (options or {}).items())}"
+    run.mkdir(parents=True)
+    config = {"pe": {"name": pe, **(options or {})}, "seed": seed}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    metrics = {"pe": pe, "step": 10, "splits": {"test": scores(losses)}}
+    if variants:
+        metrics["variants"] = {
+            name: {"pe": {"scaling": "linear"}, "splits": {"test": scores(v)}}
+            for name, v in variants.items()
+        }
     (run / "metrics.json").write_text(json.dumps(metrics))
 
 
@@ -43,22 +62,25 @@ def sweeps(tmp_path) -> tuple[Path, Path]:
     return short, full
 
 
-def test_penalty_is_the_mean_over_paired_seeds_of_short_minus_full(sweeps):
-    found = {p.pe: p for p in penalties(done_runs(sweeps[0]), done_runs(sweeps[1]), "test")}
+def test_penalty_is_the_mean_over_paired_seeds_of_short_minus_full_with_their_spread(sweeps):
+    found = {p.system: p for p in penalties(done_runs(sweeps[0]), done_runs(sweeps[1]), "test")}
     assert set(found) == {"rope", "alibi"}
     rope = found["rope"]
-    assert rope.seeds == [0, 1]
-    assert rope.by_bucket[(0, 10)] == pytest.approx(((4.0 - 4.1) + (4.2 - 4.1)) / 2)
-    assert rope.by_bucket[(20, 30)] == pytest.approx(((6.0 - 5.6) + (6.4 - 5.6)) / 2)
-    assert found["alibi"].by_bucket[(20, 30)] == pytest.approx(0.1)
+    assert (rope.seeds, rope.partner) == ([0, 1], "rope")
+    differences = [6.0 - 5.6, 6.4 - 5.6]
+    assert rope.by_bucket[(0, 10)][0] == pytest.approx(((4.0 - 4.1) + (4.2 - 4.1)) / 2)
+    assert rope.by_bucket[(20, 30)] == pytest.approx(
+        (np.mean(differences), np.std(differences, ddof=1), 2)
+    )
+    assert found["alibi"].by_bucket[(20, 30)] == pytest.approx((0.1, 0.0, 1))
 
 
 def test_table_leaves_out_small_buckets_orders_by_the_longest_and_names_the_unpaired(sweeps):
     table = penalty_table(done_runs(sweeps[0]), done_runs(sweeps[1]), "test", min_sentences=20)
     lines = table.splitlines()
-    assert lines[0] == "encoding | 0–9 | 10–19 | 20–29"
+    assert lines[0] == "system | 0–9 | 10–19 | 20–29"
     assert lines[2] == "alibi (seed 0) | +0.000 | +0.200 | +0.100"
-    assert lines[3] == "rope (seeds 0, 1) | +0.000 | +0.200 | +0.600"
+    assert lines[3] == "rope (seeds 0, 1) | +0.000 ± 0.141 | +0.200 ± 0.141 | +0.600 ± 0.283"
     assert lines[-1] == "No all-lengths run with the same seed: fire."
     bigger = penalty_table(done_runs(sweeps[0]), done_runs(sweeps[1]), "test", min_sentences=1)
     assert bigger.splitlines()[0].endswith("| 120–999")
@@ -71,3 +93,27 @@ def test_sweeps_without_pairs_fail_in_one_line(sweeps, tmp_path, capsys):
         main([str(sweeps[0]), str(tmp_path / "nowhere")])
     main([str(sweeps[0]), str(sweeps[1])])
     assert "rope (seeds 0, 1)" in capsys.readouterr().out
+
+
+def test_variants_pair_with_their_own_runs_else_with_their_base_and_say_so(tmp_path):
+    """A variant trained in both sweeps is measured against itself; one trained short only (an
+    augmentation) against its encoding's default form, a test-time scaling against its run's
+    system; the table names both."""
+    short, full = tmp_path / "short", tmp_path / "full"
+    write_run(short, "rope", 0, [4.0, 5.0, 6.0, 7.0], variants={"pi4": [4.0, 5.0, 5.8, 7.0]})
+    write_run(short, "rope", 0, [4.0, 5.0, 5.9, 7.0], {"cross_attention": "rotated"})
+    write_run(short, "rope", 0, [4.0, 5.0, 5.7, 7.0], {"augment": "random"})
+    write_run(full, "rope", 0, [4.0, 5.0, 5.6, 7.0])
+    write_run(full, "rope", 0, [4.0, 5.0, 5.2, 7.0], {"cross_attention": "rotated"})
+    found = {p.system: p for p in penalties(done_runs(short), done_runs(full), "test")}
+    assert {name: (p.partner, round(p.by_bucket[(20, 30)][0], 6)) for name, p in found.items()} == {
+        "rope": ("rope", 0.4),
+        "rope [pi4]": ("rope", 0.2),
+        "rope (pe.cross_attention=rotated)": ("rope (pe.cross_attention=rotated)", 0.7),
+        "rope (pe.augment=random)": ("rope", 0.1),
+    }
+    table = penalty_table(done_runs(short), done_runs(full), "test")
+    assert table.splitlines()[-1] == (
+        "Not trained on all lengths, so measured against: rope (pe.augment=random) against "
+        "rope; rope [pi4] against rope."
+    )

@@ -1,10 +1,14 @@
 """The extrapolation penalty: how much more test loss per token a model trained only on short
-sources has than the same encoding trained on all lengths, by source-length bucket.
+sources has than the same system trained on all lengths, by source-length bucket.
 
 Longer sentences are harder for every model, so the loss by length alone mixes difficulty with
 extrapolation; the difference between two sweeps at the same steps, token budget and seed
-leaves the cost of having seen only short sources. Runs are paired by encoding and seed, and
-the penalty of an encoding is the mean over its paired seeds.
+leaves the cost of having seen only short sources. Systems are the report's (an encoding, a
+variant with options, or a test-time variant ``rope [pi4]``: :func:`.report.runs.split_entries`),
+paired by system and seed; a system the all-lengths sweep lacks is paired with its base there
+(a test-time variant with its run's system, a variant with its encoding's default form), and
+the table says so. The penalty of a system is the mean over its paired seeds, with their
+standard deviation.
 """
 
 from __future__ import annotations
@@ -14,10 +18,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from posenc.analysis.report.runs import DONE, Run, find_run_dirs, load_run
-from posenc.analysis.report.stats import bucket_label
+from posenc.analysis.report.runs import (
+    DONE,
+    Entry,
+    Run,
+    find_run_dirs,
+    group_runs,
+    load_run,
+    split_entries,
+)
+from posenc.analysis.report.stats import Stats, bucket_label, mean_std
 
 #: a length bucket: (first source length in it, first one past it), in tokens incl. EOS
 Bucket = tuple[int, int]
@@ -25,12 +35,14 @@ Bucket = tuple[int, int]
 
 @dataclass
 class Penalty:
-    """One encoding's penalty: ``by_bucket[b]`` is the mean over ``seeds`` of the short-trained
-    run's loss on bucket ``b`` minus the all-lengths run's."""
+    """One system's penalty: ``by_bucket[b]`` is the mean, standard deviation and count over
+    ``seeds`` of the short-trained run's loss on bucket ``b`` minus that of ``partner``'s
+    all-lengths run of the same seed."""
 
-    pe: str
+    system: str
+    partner: str
     seeds: list[int]
-    by_bucket: dict[Bucket, float]
+    by_bucket: dict[Bucket, Stats]
 
 
 def done_runs(sweep: Path) -> list[Run]:
@@ -39,10 +51,10 @@ def done_runs(sweep: Path) -> list[Run]:
     return [run for run in runs if run.status == DONE]
 
 
-def bucket_losses(run: Run, split: str) -> dict[Bucket, tuple[int, float]]:
-    """``{(min, max): (sentences, loss)}`` of a run's ``split``; empty when the run scored no
-    length buckets there."""
-    buckets = run.metrics.get("splits", {}).get(split, {}).get("buckets") or []
+def bucket_losses(scores: dict) -> dict[Bucket, tuple[int, float]]:
+    """``{(min, max): (sentences, loss)}`` of one split's scores; empty without length
+    buckets."""
+    buckets = scores.get("buckets") or []
     return {
         (int(b["min"]), int(b["max"])): (int(b["sentences"]), float(b["loss"]))
         for b in buckets
@@ -50,38 +62,54 @@ def bucket_losses(run: Run, split: str) -> dict[Bucket, tuple[int, float]]:
     }
 
 
+def systems_of(runs: Sequence[Run], split: str) -> dict[str, list[Entry]]:
+    """The report's systems of ``runs`` on ``split`` (labels as :func:`.runs.group_runs`)."""
+    return split_entries(group_runs(list(runs)), split)
+
+
+def partner_of(system: str, pe: str, full: dict[str, list[Entry]]) -> str | None:
+    """The all-lengths system ``system`` is measured against: itself, else its base (``rope``
+    for ``rope [pi4]``), else its encoding's default form ``pe``; None when ``full`` has none."""
+    base = system.split(" [", 1)[0]
+    return next((name for name in (system, base, pe) if name in full), None)
+
+
 def penalties(short: Sequence[Run], full: Sequence[Run], split: str) -> list[Penalty]:
-    """Every encoding of ``short`` that has a run of ``full`` with the same seed, with its mean
-    penalty per bucket both scored; encodings in sorted order."""
-    full_by_key = {(run.pe, run.seed): run for run in full}
+    """Every system of ``short`` with a partner (:func:`partner_of`) that has runs of the same
+    seeds in ``full``, with its penalty per bucket both scored; systems in sorted order."""
+    short_systems, full_systems = systems_of(short, split), systems_of(full, split)
     found = []
-    for pe in sorted({run.pe for run in short}):
+    for system in sorted(short_systems):
+        entries = short_systems[system]
+        partner = partner_of(system, entries[0].run.pe, full_systems)
+        if partner is None:
+            continue
+        by_seed = {entry.run.seed: entry for entry in full_systems[partner]}
         pairs = [
-            (run, full_by_key[(pe, run.seed)])
-            for run in sorted(short, key=lambda r: r.seed)
-            if run.pe == pe and (pe, run.seed) in full_by_key
+            (bucket_losses(entry.scores), bucket_losses(by_seed[entry.run.seed].scores))
+            for entry in sorted(entries, key=lambda e: e.run.seed)
+            if entry.run.seed in by_seed
         ]
         if not pairs:
             continue
-        losses = [(bucket_losses(s, split), bucket_losses(f, split)) for s, f in pairs]
-        shared = set.intersection(*(set(s) & set(f) for s, f in losses))
-        by_bucket = {
-            b: float(np.mean([s[b][1] - f[b][1] for s, f in losses])) for b in sorted(shared)
-        }
-        found.append(Penalty(pe, [s.seed for s, _ in pairs], by_bucket))
+        shared = set.intersection(*(set(s) & set(f) for s, f in pairs))
+        by_bucket = {b: mean_std(s[b][1] - f[b][1] for s, f in pairs) for b in sorted(shared)}
+        seeds = sorted(e.run.seed for e in entries if e.run.seed in by_seed)
+        found.append(Penalty(system, partner, seeds, by_bucket))
     return found
 
 
 def penalty_table(
     short: Sequence[Run], full: Sequence[Run], split: str = "test", min_sentences: int = 20
 ) -> str:
-    """The markdown table of :func:`penalties`: one row per encoding (``name (seeds 0, 1)``),
-    one column per bucket with at least ``min_sentences`` sentences in every short-trained
-    run, rows ordered by the penalty on the longest such bucket (smallest first). Encodings
-    of ``short`` without a partner are named under the table.
+    """The markdown table of :func:`penalties`: one row per system (``name (seeds 0, 1)``), one
+    column per bucket with at least ``min_sentences`` sentences in every short-trained run,
+    each cell the mean ± the seeds' standard deviation, rows ordered by the penalty on the
+    longest such bucket (smallest first). The systems measured against another system's
+    all-lengths runs and those without a partner are named under the table.
 
     Raises:
-        ValueError: when no encoding of ``short`` has a partner in ``full``.
+        ValueError: when no system of ``short`` has a partner in ``full``.
     """
     found = penalties(short, full, split)
     if not found:
@@ -90,9 +118,10 @@ def penalty_table(
             "encoding and seed; train the same encodings and seeds in both"
         )
     sizes: dict[Bucket, int] = {}
-    for run in short:
-        for bucket, (sentences, _) in bucket_losses(run, split).items():
-            sizes[bucket] = min(sizes.get(bucket, sentences), sentences)
+    for entries in systems_of(short, split).values():
+        for entry in entries:
+            for bucket, (sentences, _) in bucket_losses(entry.scores).items():
+                sizes[bucket] = min(sizes.get(bucket, sentences), sentences)
     columns = [
         b
         for b in sorted(set.intersection(*(set(p.by_bucket) for p in found)))
@@ -100,20 +129,29 @@ def penalty_table(
     ]
     if not columns:
         raise ValueError(f"no length bucket has {min_sentences} sentences in every run")
-    found.sort(key=lambda p: p.by_bucket[columns[-1]])
+    found.sort(key=lambda p: p.by_bucket[columns[-1]][0])
     lines = [
-        "encoding | " + " | ".join(bucket_label(*b) for b in columns),
+        "system | " + " | ".join(bucket_label(*b) for b in columns),
         "--- | " + " | ".join("---" for _ in columns),
     ]
     for p in found:
         seeds = ", ".join(str(s) for s in p.seeds)
-        label = f"{p.pe} (seed{'s' if len(p.seeds) > 1 else ''} {seeds})"
-        lines.append(f"{label} | " + " | ".join(f"{p.by_bucket[b]:+.3f}" for b in columns))
-    unpaired = sorted({run.pe for run in short} - {p.pe for p in found})
+        label = f"{p.system} (seed{'s' if len(p.seeds) > 1 else ''} {seeds})"
+        cells = [_cell(p.by_bucket[b]) for b in columns]
+        lines.append(f"{label} | " + " | ".join(cells))
+    borrowed = [f"{p.system} against {p.partner}" for p in found if p.partner != p.system]
+    unpaired = sorted(set(systems_of(short, split)) - {p.system for p in found})
+    notes = []
+    if borrowed:
+        notes.append(f"Not trained on all lengths, so measured against: {'; '.join(borrowed)}.")
     if unpaired:
-        lines.append("")
-        lines.append(f"No all-lengths run with the same seed: {', '.join(unpaired)}.")
-    return "\n".join(lines)
+        notes.append(f"No all-lengths run with the same seed: {', '.join(unpaired)}.")
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def _cell(stats: Stats) -> str:
+    mean, std, n = stats
+    return f"{mean:+.3f} ± {std:.3f}" if n > 1 else f"{mean:+.3f}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
