@@ -374,6 +374,16 @@ def test_a_variant_is_labelled_by_where_it_leaves_the_encodings_default():
     assert labels == ["rope", "rope (pe.rotary_fraction=0.5)", "rope (pe.rope_proportion=0.75)"]
 
 
+def test_where_a_machine_keeps_the_data_makes_no_variant():
+    """The same data read from another folder (another checkout, another spelling of the path)
+    is the same system."""
+    runs = [
+        Run("here", Path("here"), {"pe.name": "rope", "data.dir": "/work/study/../data"}),
+        Run("there", Path("there"), {"pe.name": "rope", "data.dir": "../data", "seed": 1}),
+    ]
+    assert [group.label for group in group_runs(runs)] == ["rope"]
+
+
 def test_length_limits_are_the_declared_keys_with_finite_values():
     config = {
         "trainer.max_positions": 128,

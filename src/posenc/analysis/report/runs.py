@@ -15,7 +15,13 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from posenc.config import CONFIG_DIR, RUN_CONTROL_KEYS, flatten, reference_encoding
+from posenc.config import (
+    CONFIG_DIR,
+    RUN_CONTROL_KEYS,
+    UNREPORTED_KEYS,
+    flatten,
+    reference_encoding,
+)
 from posenc.config.variants import encoding_config, variant_label
 from posenc.runtime.sinks import LEGACY_TIME_PREFIX, TIME_PREFIX
 from posenc.runtime.untrusted import (
@@ -331,17 +337,19 @@ def pe_defaults(pe: str, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
 
 
 def _is_variant_key(key: str) -> bool:
-    return key not in RUN_CONTROL_KEYS and not key.startswith(("pe.", "eval.pe_variants"))
+    return key not in RUN_CONTROL_KEYS | UNREPORTED_KEYS and not key.startswith(
+        ("pe.", "eval.pe_variants")
+    )
 
 
 def group_runs(runs: Sequence[Run]) -> list[Group]:
     """Group runs by encoding; settings other than run control (``RUN_CONTROL_KEYS``: the seed,
-    the device, ...) that differ between the healthy runs (a model size, say) make separate
-    groups, labelled ``pe (key=value, ...)``, and so do ``pe.*`` settings that differ between
-    runs of the same encoding (an encoder form, say), named where a run leaves the encoding's
-    ``configs/pe`` default (so the default form is labelled by its name alone). Sets each
-    run's ``label``; the groups come
-    in the order of their first run, each group's runs by seed."""
+    the device, ...) and where a machine keeps its files (``UNREPORTED_KEYS``) that differ
+    between the healthy runs (a model size, say) make separate groups, labelled ``pe
+    (key=value, ...)``, and so do ``pe.*`` settings that differ between runs of the same
+    encoding (an encoder form, say), named where a run leaves the encoding's ``configs/pe``
+    default (so the default form is labelled by its name alone). Sets each run's ``label``;
+    the groups come in the order of their first run, each group's runs by seed."""
     healthy = [r for r in runs if r.status != FAILED]
     variant_keys = [k for k in differing_keys(healthy) if _is_variant_key(k)]
     pe_keys = {
