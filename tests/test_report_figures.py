@@ -18,7 +18,7 @@ from posenc.analysis.report.figures import (
     plot_scores,
     render_attention,
 )
-from posenc.analysis.report.render import Writer, palette
+from posenc.analysis.report.render import Writer, new_figure, palette
 from posenc.analysis.report.runs import Entry, Group, Run
 from posenc.analysis.report.sections_by_split import section_scores
 from posenc.analysis.report.stats import (
@@ -243,3 +243,33 @@ def test_an_old_attention_file_without_tokens_is_drawn_with_positions(tmp_path):
     np.savez(tmp_path / "attention.npz", encoder_layer0=rng.random((2, 5, 5)))
     render_attention(tmp_path / "attention.npz", "old run", tmp_path / "old.png")
     assert (tmp_path / "old.png").stat().st_size > 1000
+
+
+def test_a_figure_the_new_report_no_longer_shows_is_removed_and_nothing_else(tmp_path):
+    """A system renamed or gone from the sweep leaves no figure behind; files the report never
+    showed (a user's, or names an untrusted report.md points outside its folder) stay."""
+    outside = tmp_path / "outside.png"
+    out = tmp_path / "report"
+    out.mkdir()
+    for name in ("user.png", "notes.txt"):
+        (out / name).write_text("mine")
+    outside.write_text("not the report's")
+    first = Writer(out)
+    for name in ("kept.png", "gone.png"):
+        figure, _ = new_figure(2, 2)
+        first.figure(figure, name, name)
+    first.save()
+    with open(out / "report.md", "a", encoding="utf-8") as handle:  # written by someone else
+        handle.write("![x](../outside.png)\n![x](notes.txt)\n![x](/etc/hostname)\n")
+    second = Writer(out)
+    figure, _ = new_figure(2, 2)
+    second.figure(figure, "kept.png", "kept")
+    second.save()
+    assert sorted(p.name for p in out.iterdir()) == [
+        "kept.png",
+        "notes.txt",
+        "report.csv",
+        "report.md",
+        "user.png",
+    ]
+    assert outside.exists()

@@ -34,6 +34,8 @@ SECTIONS = (
 )
 #: the columns of ``report.csv``
 CSV_COLUMNS = ("section", "split", "encoding", "run", "metric", "value")
+#: an image shown from the report's own folder: ``![caption](name)``, the name without a folder
+IMAGE_LINK = re.compile(r"^!\[[^\]]*\]\(([^/\\()\s]+)\)$", re.MULTILINE)
 
 
 @dataclass
@@ -158,14 +160,37 @@ class Writer:
         self.blocks.append(Image(name, caption, list(lead)))
 
     def save(self) -> Path:
-        """Write ``report.md`` and ``report.csv``; returns the path of ``report.md``."""
+        """Write ``report.md`` and ``report.csv`` and remove the images the previous
+        ``report.md`` showed that this one does not (:func:`stale_images`); returns the path
+        of ``report.md``."""
         with replacing(self.out / "report.csv") as handle:
             writer = csv.DictWriter(handle, CSV_COLUMNS)
             writer.writeheader()
             writer.writerows(self.rows)
         path = self.out / "report.md"
+        shown = {block.name for block in self.blocks if isinstance(block, Image)}
+        for stale in stale_images(path, shown):
+            stale.unlink()
         write_text(path, "\n".join(self.lines).rstrip() + "\n")
         return path
+
+
+def stale_images(previous: Path, shown: set[str]) -> list[Path]:
+    """The images the report ``previous`` (a ``report.md``, untrusted) showed from its own
+    folder that are not in ``shown``: plain PNG files named without a folder, so a figure whose
+    system was renamed or left the sweep does not outlive it; nothing else is ever named."""
+    if not previous.is_file():
+        return []
+    folder = previous.parent
+    names = IMAGE_LINK.findall(previous.read_text(encoding="utf-8", errors="replace"))
+    return sorted(
+        folder / name
+        for name in set(names) - shown
+        if name.endswith(".png")
+        and name not in {".", ".."}
+        and (folder / name).is_file()
+        and not (folder / name).is_symlink()
+    )
 
 
 def record_stats(
