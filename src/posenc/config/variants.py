@@ -1,6 +1,7 @@
-"""Encodings with options, as a sweep's overrides give them (``pe=alibi pe.dape=true``) and as
-the report and the benchmark name them (``alibi (pe.dape=True)``), so that a benchmark's
-measurement of a variant finds the report's rows of it."""
+"""Encodings with options, read from a sweep's overrides and named as the report names them.
+
+``pe=alibi pe.dape=true`` is ``alibi (pe.dape=True)`` to the report and to the benchmark, so a
+benchmark's measurement of a variant finds the report's rows of it."""
 
 from __future__ import annotations
 
