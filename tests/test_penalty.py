@@ -117,3 +117,29 @@ def test_variants_pair_with_their_own_runs_else_with_their_base_and_say_so(tmp_p
         "Not trained on all lengths, so measured against: rope (pe.augment=random) against "
         "rope; rope [pi4] against rope."
     )
+
+
+def test_test_time_scalings_come_from_the_runs_standalone_evaluation(tmp_path):
+    """RoPE's scalings are scored after training, into ``RUN/evals/NAME``: ``--eval NAME``
+    reads them (and leaves out the runs without that evaluation)."""
+    short, full = tmp_path / "short", tmp_path / "full"
+    write_run(short, "rope", 0, [4.0, 5.0, 6.0, 7.0])
+    write_run(short, "alibi", 0, [4.0, 5.0, 6.0, 7.0])
+    write_run(full, "rope", 0, [4.0, 5.0, 5.6, 7.0])
+    write_run(
+        tmp_path / "evaluated",
+        "rope",
+        0,
+        [4.0, 5.0, 6.0, 7.0],
+        variants={"pi4": [4.0, 5.0, 5.9, 7.0]},
+    )
+    evaluation = short / "pe=rope,seed=0" / "evals" / "scalings,step=10"
+    evaluation.parent.mkdir()
+    (tmp_path / "evaluated" / "pe=rope,seed=0").rename(evaluation)
+    found = {
+        p.system: p
+        for p in penalties(done_runs(short, "scalings,step=10"), done_runs(full), "test")
+    }
+    assert sorted(found) == ["rope", "rope [pi4]"]
+    assert found["rope [pi4]"].by_bucket[(20, 30)][0] == pytest.approx(0.3)
+    main([str(short), str(full), "--eval", "scalings,step=10"])

@@ -45,9 +45,12 @@ class Penalty:
     by_bucket: dict[Bucket, Stats]
 
 
-def done_runs(sweep: Path) -> list[Run]:
-    """The finished runs of a sweep directory (its report directory left out)."""
-    runs = [load_run(path, sweep) for path in find_run_dirs(sweep, sweep / "report")]
+def done_runs(sweep: Path, evaluation: str | None = None) -> list[Run]:
+    """The finished runs of a sweep directory (its report directory left out), scored by their
+    own evaluation or, with ``evaluation``, by their standalone one ``RUN/evals/<evaluation>``
+    (the runs without it left out), as the report reads them."""
+    found = find_run_dirs(sweep, sweep / "report")
+    runs = [load_run(path, sweep, evaluation) for path in found]
     return [run for run in runs if run.status == DONE]
 
 
@@ -156,12 +159,19 @@ def _cell(stats: Stats) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python scripts/extrapolation_penalty.py SHORT_SWEEP FULL_SWEEP [--split test]
-    [--min-sentences 20]``: prints the penalty table; a sweep without pairs exits with one
+    [--min-sentences 20] [--eval NAME]``: prints the penalty table; a sweep without pairs exits with one
     line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("short", type=Path, help="the sweep trained on short sources only")
     parser.add_argument("full", type=Path, help="the sweep trained on all lengths")
     parser.add_argument("--split", default="test", help="the split scored (default: test)")
+    parser.add_argument(
+        "--eval",
+        default=None,
+        metavar="NAME",
+        help="score the short-trained runs' standalone evaluation RUN/evals/NAME (RoPE's "
+        "test-time scalings, say) instead of their own",
+    )
     parser.add_argument(
         "--min-sentences",
         type=int,
@@ -174,7 +184,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(f"error: no sweep directory {sweep}; pass the sweep's folder")
     try:
         table = penalty_table(
-            done_runs(args.short), done_runs(args.full), args.split, args.min_sentences
+            done_runs(args.short, args.eval),
+            done_runs(args.full),
+            args.split,
+            args.min_sentences,
         )
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
