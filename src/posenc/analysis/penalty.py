@@ -159,8 +159,8 @@ def _cell(stats: Stats) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python scripts/extrapolation_penalty.py SHORT_SWEEP FULL_SWEEP [--split test]
-    [--min-sentences 20] [--eval NAME]``: prints the penalty table; a sweep without pairs exits with one
-    line."""
+    [--min-sentences 20] [--eval NAME]``: prints the penalty table; a sweep without pairs
+    exits with one line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("short", type=Path, help="the sweep trained on short sources only")
     parser.add_argument("full", type=Path, help="the sweep trained on all lengths")
