@@ -564,3 +564,22 @@ def test_a_run_archived_as_text_draws_the_same_curves_from_its_scalars_csv(tmp_p
         np.testing.assert_array_equal(from_csv[name][1], y)
     assert list(from_csv["time"][0]) == [3.0, 7.0, 10.0]
     assert read_curves(tmp_path / "nothing") == {}
+
+
+def test_bucket_tables_give_the_seeds_spread_beside_the_mean(report, sweep):
+    """Extrapolation is read off the long buckets: each cell is the mean over seeds ± their
+    standard deviation (the mean alone for one seed), and the CSV has both."""
+    _, markdown, rows = report
+    runs = [
+        metrics_of(sweep, name)["splits"]["test"]["buckets"] for name in DONE if "nonepe" in name
+    ]
+    first = runs[0][0]
+    losses = [next(b["loss"] for b in r if b["min"] == first["min"]) for r in runs]
+    metric = f"loss[{first['min']},{first['max']})"
+    assert float(
+        csv_value(rows, section="buckets", split="test", encoding="nonepe", metric=metric + "_sd")
+    ) == pytest.approx(np.std(losses, ddof=1))
+    buckets = section(markdown, 5).split("### test", 1)[1]
+    loss_table = buckets.split("Loss by source length", 1)[1]
+    assert " ± " in table_row(loss_table, "nonepe")[1]
+    assert " ± " not in table_row(loss_table, "rope")[1]

@@ -308,16 +308,21 @@ def section_buckets(
         for name, per in values.items()
     }
     header = ["system", *[f"{bucket_label(*edge)} ({sentences[edge]})" for edge in edges]]
-    for metric, digits in (("bleu", 2), ("loss", 4)):
+    for metric, digits in (("bleu", 2), ("loss", 3)):
         w.text(
             f"{'BLEU' if metric == 'bleu' else 'Loss'} by source length in tokens "
-            "(sentences in brackets), mean over seeds:"
+            "(sentences in brackets), mean over seeds ± their standard deviation:"
         )
         rows = []
         for name in system_order(systems):
-            row = values[name][metric]
-            for (lo, hi), value in zip(edges, row, strict=True):
+            row, spread = values[name][metric], values[name][f"{metric}_sd"]
+            for (lo, hi), value, sd in zip(edges, row, spread, strict=True):
                 w.record("buckets", split, name, "", f"{metric}[{lo},{hi})", value)
-            rows.append([name, *[fmt(v, digits) for v in row]])
+                w.record("buckets", split, name, "", f"{metric}[{lo},{hi})_sd", sd)
+            cells = [
+                fmt(v, digits) + ("" if sd is None else f" ± {fmt(sd, digits)}")
+                for v, sd in zip(row, spread, strict=True)
+            ]
+            rows.append([name, *cells])
         w.table(header, rows)
     plot_buckets(w, split, edges, [sentences[edge] for edge in edges], values, limits, styles)

@@ -230,8 +230,9 @@ def bucket_values(
     systems: dict[str, list[Entry]],
 ) -> tuple[list[tuple[int, int]], dict[tuple[int, int], int], dict[str, dict[str, list]]]:
     """The buckets ``(min, max)`` sorted, sentences per bucket, and per system
-    ``{"bleu": [...], "loss": [...]}``: the mean over seeds per bucket (None where no seed has
-    sentences there)."""
+    ``{"bleu": [...], "loss": [...], "bleu_sd": [...], "loss_sd": [...]}``: the mean over seeds
+    per bucket and the seeds' standard deviation (None where no seed has sentences there; the
+    deviation None with one seed)."""
     buckets: dict[tuple[int, int], int] = {}
     for entries in systems.values():
         for entry in entries:
@@ -249,6 +250,7 @@ def bucket_values(
                 for edge in edges
             ]
             values[name][metric] = [None if m is None else m[0] for m in means]
+            values[name][f"{metric}_sd"] = [None if m is None or m[2] < 2 else m[1] for m in means]
     return edges, buckets, values
 
 
