@@ -235,6 +235,20 @@ def test_eleven_systems_get_distinct_styles_and_the_legend_sits_outside(tmp_path
     assert len(fig.legends[0].get_texts()) == 12
 
 
+def test_a_legend_of_many_systems_takes_columns_to_stay_within_the_figure(tmp_path):
+    names = [f"rope (pe.option={i})" for i in range(30)]
+    values = {n: {"bleu": [1.0, 2.0, 3.0], "loss": [5.0, 6.0, 7.0]} for n in names}
+    limits = [("trainer.max_source_tokens", 20.0, "source tokens")]
+    fig = plot_buckets(
+        Writer(tmp_path), "test", EDGES, [400, 20, 1], values, limits, palette(names)
+    )
+    legend = fig.legends[0]
+    assert legend._ncols > 1
+    fig.canvas.draw()
+    box = legend.get_window_extent()
+    assert box.y0 >= 0 and box.y1 <= fig.bbox.height + 1  # nothing cut off below or above
+
+
 # ---------------------------------------------------------------- attention maps
 
 

@@ -275,8 +275,24 @@ def palette(names: Iterable[str]) -> dict[str, dict[str, Any]]:
 GREY = {"color": "grey", "marker": ".", "linestyle": "-"}
 
 
+#: the height of one legend line at the report's 7-point legend font, in points (measured on
+#: the report's figures: 26 one-line entries take 4.4 inches)
+LEGEND_LINE_PT = 12.0
+
+
 def outside_legend(fig: Figure, ax: Any, title: str | None = None) -> None:
-    """The legend of ``ax``'s labelled lines to the right of the figure, outside the axes."""
+    """The legend of ``ax``'s labelled lines to the right of the figure, outside the axes, in
+    as many columns as it takes to stay within the figure's height (a two-line label counts
+    twice)."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="outside right upper", fontsize=7, title=title)
+        lines = sum(label.count("\n") + 1 for label in labels) + (2 if title else 0)
+        fits = max(1, int(fig.get_figheight() * 72 * 0.92 / LEGEND_LINE_PT))
+        fig.legend(
+            handles,
+            labels,
+            loc="outside right upper",
+            fontsize=7,
+            title=title,
+            ncols=math.ceil(lines / fits),
+        )
