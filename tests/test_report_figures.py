@@ -247,6 +247,9 @@ def test_a_legend_of_many_systems_takes_columns_to_stay_within_the_figure(tmp_pa
     fig.canvas.draw()
     box = legend.get_window_extent()
     assert box.y0 >= 0 and box.y1 <= fig.bbox.height + 1  # nothing cut off below or above
+    assert box.x1 <= fig.bbox.width + 1
+    plots = [ax.get_window_extent() for ax in fig.axes]
+    assert all(p.width > 0.3 * (box.x0 / len(plots)) for p in plots)  # the axes keep their room
 
 
 # ---------------------------------------------------------------- attention maps

@@ -278,21 +278,22 @@ GREY = {"color": "grey", "marker": ".", "linestyle": "-"}
 #: the height of one legend line at the report's 7-point legend font, in points (measured on
 #: the report's figures: 26 one-line entries take 4.4 inches)
 LEGEND_LINE_PT = 12.0
+#: the mean width of a character of the legend's font, in points (DejaVu Sans at 7 points)
+LEGEND_CHAR_PT = 4.1
 
 
 def outside_legend(fig: Figure, ax: Any, title: str | None = None) -> None:
     """The legend of ``ax``'s labelled lines to the right of the figure, outside the axes, in
     as many columns as it takes to stay within the figure's height (a two-line label counts
-    twice)."""
+    twice); the figure widens by each column past the first, so the axes keep their width."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
         lines = sum(label.count("\n") + 1 for label in labels) + (2 if title else 0)
         fits = max(1, int(fig.get_figheight() * 72 * 0.92 / LEGEND_LINE_PT))
+        columns = math.ceil(lines / fits)
+        longest = max(len(line) for label in labels for line in label.splitlines())
+        column_inches = (longest * LEGEND_CHAR_PT + 3 * LEGEND_LINE_PT) / 72
+        fig.set_figwidth(fig.get_figwidth() + (columns - 1) * column_inches)
         fig.legend(
-            handles,
-            labels,
-            loc="outside right upper",
-            fontsize=7,
-            title=title,
-            ncols=math.ceil(lines / fits),
+            handles, labels, loc="outside right upper", fontsize=7, title=title, ncols=columns
         )
