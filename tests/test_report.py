@@ -378,7 +378,7 @@ def test_where_a_machine_keeps_the_data_makes_no_variant():
     """The same data read from another folder (another checkout, another spelling of the path)
     is the same system."""
     runs = [
-        Run("here", Path("here"), {"pe.name": "rope", "data.dir": "/work/study/../data"}),
+        Run("here", Path("here"), {"pe.name": "rope", "data.dir": "/srv/checkout/../data"}),
         Run("there", Path("there"), {"pe.name": "rope", "data.dir": "../data", "seed": 1}),
     ]
     assert [group.label for group in group_runs(runs)] == ["rope"]

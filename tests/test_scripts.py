@@ -184,7 +184,8 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
     checkout = tmp_path / "checkout"
     sweep, archive = checkout / "outputs" / "sweeps" / "compare", tmp_path / "archive"
     files = {
-        "config.yaml": f"dir: {checkout}/../shared/data\ncache_dir: {Path.home()}/.cache\n",
+        "config.yaml": f"dir: {checkout}/../shared/data\ncache_dir: {Path.home()}/.cache\n"
+        f"vocab_file: {tmp_path}/shared/vocab.txt\n",  # POSENC_DATA set to the shared folder
         "metrics.json": "{}",
         "train_summary.json": "{}",
         "hypotheses.test.txt": "a\n",
@@ -210,7 +211,7 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
         f"done/{p}" for p in files if not p.startswith(("checkpoints", "tb", "references"))
     )
     config = (archive / "done" / "config.yaml").read_text()
-    assert config == "dir: ../shared/data\ncache_dir: ~/.cache\n"
+    assert config == "dir: ../shared/data\ncache_dir: ~/.cache\nvocab_file: ../shared/vocab.txt\n"
 
     (sweep / "done" / "hypotheses.test.txt").write_text("b\n")  # the run was continued
     (sweep / "done" / "scalars.csv").unlink()  # a file the run lacks stays archived
