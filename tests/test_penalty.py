@@ -119,7 +119,7 @@ def test_variants_pair_with_their_own_runs_else_with_their_base_and_say_so(tmp_p
     )
 
 
-def test_test_time_scalings_come_from_the_runs_standalone_evaluation(tmp_path):
+def test_test_time_scalings_come_from_the_runs_standalone_evaluation(tmp_path, capsys):
     """RoPE's scalings are scored after training, into ``RUN/evals/NAME``: ``--eval NAME``
     reads them (and leaves out the runs without that evaluation)."""
     short, full = tmp_path / "short", tmp_path / "full"
@@ -143,3 +143,4 @@ def test_test_time_scalings_come_from_the_runs_standalone_evaluation(tmp_path):
     assert sorted(found) == ["rope", "rope [pi4]"]
     assert found["rope [pi4]"].by_bucket[(20, 30)][0] == pytest.approx(0.3)
     main([str(short), str(full), "--eval", "scalings,step=10"])
+    assert "rope [pi4] (seed 0) |" in capsys.readouterr().out

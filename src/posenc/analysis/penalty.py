@@ -70,35 +70,36 @@ def systems_of(runs: Sequence[Run], split: str) -> dict[str, list[Entry]]:
     return split_entries(group_runs(list(runs)), split)
 
 
-def partner_of(system: str, pe: str, full: dict[str, list[Entry]]) -> str | None:
-    """The all-lengths system ``system`` is measured against: itself, else its base (``rope``
-    for ``rope [pi4]``), else its encoding's default form ``pe``; None when ``full`` has none."""
-    base = system.split(" [", 1)[0]
-    return next((name for name in (system, base, pe) if name in full), None)
+def partner_of(system: str, run: Run, full: dict[str, list[Entry]]) -> str | None:
+    """The all-lengths system ``system`` (one of ``run``'s) is measured against: itself, else
+    its run's group (``rope`` for the test-time ``rope [pi4]``), else its encoding's default
+    form; None when ``full`` has none."""
+    return next((name for name in (system, run.label, run.pe) if name in full), None)
 
 
 def penalties(short: Sequence[Run], full: Sequence[Run], split: str) -> list[Penalty]:
     """Every system of ``short`` with a partner (:func:`partner_of`) that has runs of the same
     seeds in ``full``, with its penalty per bucket both scored; systems in sorted order."""
-    short_systems, full_systems = systems_of(short, split), systems_of(full, split)
+    return _paired(systems_of(short, split), systems_of(full, split))
+
+
+def _paired(short: dict[str, list[Entry]], full: dict[str, list[Entry]]) -> list[Penalty]:
     found = []
-    for system in sorted(short_systems):
-        entries = short_systems[system]
-        partner = partner_of(system, entries[0].run.pe, full_systems)
+    for system in sorted(short):
+        entries = short[system]
+        partner = partner_of(system, entries[0].run, full)
         if partner is None:
             continue
-        by_seed = {entry.run.seed: entry for entry in full_systems[partner]}
-        pairs = [
-            (bucket_losses(entry.scores), bucket_losses(by_seed[entry.run.seed].scores))
-            for entry in sorted(entries, key=lambda e: e.run.seed)
-            if entry.run.seed in by_seed
-        ]
-        if not pairs:
+        by_seed = {entry.run.seed: entry for entry in full[partner]}
+        paired = [e for e in sorted(entries, key=lambda e: e.run.seed) if e.run.seed in by_seed]
+        if not paired:
             continue
+        pairs = [
+            (bucket_losses(e.scores), bucket_losses(by_seed[e.run.seed].scores)) for e in paired
+        ]
         shared = set.intersection(*(set(s) & set(f) for s, f in pairs))
         by_bucket = {b: mean_std(s[b][1] - f[b][1] for s, f in pairs) for b in sorted(shared)}
-        seeds = sorted(e.run.seed for e in entries if e.run.seed in by_seed)
-        found.append(Penalty(system, partner, seeds, by_bucket))
+        found.append(Penalty(system, partner, [e.run.seed for e in paired], by_bucket))
     return found
 
 
@@ -114,14 +115,15 @@ def penalty_table(
     Raises:
         ValueError: when no system of ``short`` has a partner in ``full``.
     """
-    found = penalties(short, full, split)
+    short_systems = systems_of(short, split)
+    found = _paired(short_systems, systems_of(full, split))
     if not found:
         raise ValueError(
             "no run of the short-trained sweep has a run of the all-lengths sweep with the same "
             "encoding and seed; train the same encodings and seeds in both"
         )
     sizes: dict[Bucket, int] = {}
-    for entries in systems_of(short, split).values():
+    for entries in short_systems.values():
         for entry in entries:
             for bucket, (sentences, _) in bucket_losses(entry.scores).items():
                 sizes[bucket] = min(sizes.get(bucket, sentences), sentences)
@@ -143,7 +145,7 @@ def penalty_table(
         cells = [_cell(p.by_bucket[b]) for b in columns]
         lines.append(f"{label} | " + " | ".join(cells))
     borrowed = [f"{p.system} against {p.partner}" for p in found if p.partner != p.system]
-    unpaired = sorted(set(systems_of(short, split)) - {p.system for p in found})
+    unpaired = sorted(set(short_systems) - {p.system for p in found})
     notes = []
     if borrowed:
         notes.append(f"Not trained on all lengths, so measured against: {'; '.join(borrowed)}.")

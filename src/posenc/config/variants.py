@@ -16,12 +16,20 @@ from omegaconf import DictConfig, OmegaConf
 from posenc.config import CONFIG_DIR
 
 
+def known_encodings(config_dir: Path = CONFIG_DIR) -> list[str]:
+    """The names of every ``configs/pe/*.yaml``, sorted."""
+    return sorted(path.stem for path in (config_dir / "pe").glob("*.yaml"))
+
+
+def settings_text(settings: Mapping[str, Any]) -> str:
+    """``key=value, ...`` of ``settings`` in their order (empty for none)."""
+    return ", ".join(f"{key}={value}" for key, value in settings.items())
+
+
 def variant_label(pe: str, settings: Mapping[str, Any]) -> str:
     """How the report and the benchmark name encoding ``pe`` run with ``settings`` (``{key:
     value}``, in their order) that set it apart: ``pe (key=value, ...)``, or ``pe`` alone."""
-    if not settings:
-        return pe
-    return f"{pe} ({', '.join(f'{key}={value}' for key, value in settings.items())})"
+    return f"{pe} ({settings_text(settings)})" if settings else pe
 
 
 def parse_variant(text: str, config_dir: Path = CONFIG_DIR) -> tuple[str, dict[str, Any]]:
@@ -44,7 +52,7 @@ def parse_variant(text: str, config_dir: Path = CONFIG_DIR) -> tuple[str, dict[s
     if not overrides or overrides[0].key_or_group != "pe":
         raise ValueError(f"variant {text!r}: begin with the encoding, e.g. 'alibi pe.dape=true'")
     pe = overrides[0].value()
-    known = sorted(path.stem for path in (config_dir / "pe").glob("*.yaml"))
+    known = known_encodings(config_dir)
     if pe not in known:
         raise ValueError(f"variant {text!r}: unknown encoding {pe!r}; configs/pe has {known}")
     defaults = encoding_config(pe, config_dir)

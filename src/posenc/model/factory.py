@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc.config import CONFIG_DIR, ModelConfig, plain, reference_encoding
 from posenc.config.identity import differences
-from posenc.config.variants import encoding_config
+from posenc.config.variants import encoding_config, known_encodings
 from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.model.encodings import encoding_factory
 from posenc.model.seq2seq import Seq2Seq
@@ -25,8 +25,7 @@ def encoding_names(config_dir: Path = CONFIG_DIR) -> list[str]:
     """Names of every ``configs/pe/*.yaml``: the reference encoding (``reference_pe`` in
     ``configs/train.yaml``, what cost ratios are measured against) first, then alphabetical."""
     reference = reference_encoding(config_dir)
-    names = sorted(p.stem for p in (config_dir / "pe").glob("*.yaml"))
-    return sorted(names, key=lambda name: name != reference)
+    return sorted(known_encodings(config_dir), key=lambda name: name != reference)
 
 
 def select_encodings(spec: str | None, config_dir: Path = CONFIG_DIR) -> list[str]:

@@ -22,7 +22,12 @@ from posenc.config import (
     flatten,
     reference_encoding,
 )
-from posenc.config.variants import encoding_config, variant_label
+from posenc.config.variants import (
+    encoding_config,
+    known_encodings,
+    settings_text,
+    variant_label,
+)
 from posenc.runtime.sinks import LEGACY_TIME_PREFIX, TIME_PREFIX
 from posenc.runtime.untrusted import (
     INT,
@@ -330,8 +335,7 @@ def differing_keys(runs: Sequence[Run]) -> list[str]:
 def pe_defaults(pe: str, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
     """The flattened ``pe.*`` settings of ``configs/pe/PE.yaml`` (empty for a name that is no
     YAML there: a run directory's encoding name is never a path)."""
-    known = {p.stem: p for p in (config_dir / "pe").glob("*.yaml")}
-    if pe not in known:
+    if pe not in known_encodings(config_dir):
         return {}
     return flatten({"pe": OmegaConf.to_container(encoding_config(pe, config_dir))})
 
@@ -367,7 +371,7 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
             k for k in pe_keys.get(run.pe, []) if run.config.get(k) != defaults[run.pe].get(k)
         ]
         settings = {k: run.config.get(k, "?") for k in own + variant_keys}
-        variant = ", ".join(f"{k}={v}" for k, v in settings.items())
+        variant = settings_text(settings)
         run.label = variant_label(run.pe, settings)
         groups.setdefault(run.label, Group(run.label, run.pe, variant, [])).runs.append(run)
     for group in groups.values():
