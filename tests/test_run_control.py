@@ -222,6 +222,24 @@ def test_early_stopping_ends_after_patience_validations_without_improvement(tmp_
     assert summary["steps"] == 10 and summary["stopped_early"]
 
 
+def test_a_run_evaluated_at_an_earlier_best_checkpoint_is_done_when_run_again(tmp_path, caplog):
+    # lr 0: the first validation (step 2) stays the best, so evaluation scores step 2 of 6
+    overrides = (
+        *SMOKE,
+        "pe=nonepe",
+        "trainer.lr=0",
+        "trainer.max_steps=6",
+        "trainer.valid_every=2",
+        "eval.checkpoint=best",
+    )
+    run_dir = tmp_path / "run"
+    first = run(compose(*overrides), run_dir)
+    assert first["step"] == 2 and first["train"]["steps"] == 6
+    caplog.set_level("INFO", logger="posenc")
+    assert run(compose(*overrides), run_dir) == first  # not decoded again (its times would differ)
+    assert "already trained and evaluated; nothing to do" in caplog.text
+
+
 def test_without_patience_training_runs_to_the_budget(tmp_path):
     overrides = (*OVERRIDES, "trainer.lr=0", "trainer.max_steps=8", "trainer.valid_every=2")
     run(compose(*overrides), tmp_path / "run")

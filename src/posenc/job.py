@@ -101,7 +101,7 @@ def finished_metrics(cfg: DictConfig, run_dir: RunDir) -> dict[str, Any] | None:
     """The metrics of a run in ``run_dir`` that is trained to the budget of ``cfg`` and
     evaluated at its last step, or None when something is missing or unfinished."""
     metrics, summary = run_dir.metrics(), run_dir.summary()
-    if metrics is None or summary is None or metrics.get("step") != summary.get("steps"):
+    if metrics is None or summary is None or not evaluated_after_training(metrics, summary):
         return None
     trainer = TrainerConfig.of(cfg.trainer)
     spent = trainer.budget_spent(summary.get("steps", 0), summary.get("train_seconds", 0.0))
@@ -111,6 +111,13 @@ def finished_metrics(cfg: DictConfig, run_dir: RunDir) -> dict[str, Any] | None:
         and summary.get("validations_since_best", 0) >= trainer.patience
     )
     return metrics if spent or stopped else None
+
+
+def evaluated_after_training(metrics: dict[str, Any], summary: dict[str, Any]) -> bool:
+    """Whether ``metrics`` were made once training had reached ``summary``'s last step (the
+    checkpoint they score may be an earlier best one: their ``step`` is that checkpoint's)."""
+    trained = (metrics.get("train") or {}).get("steps", metrics.get("step"))
+    return trained == summary.get("steps")
 
 
 def objective(cfg: DictConfig, run_dir: Path) -> float | None:
@@ -279,7 +286,7 @@ def _train_and_evaluate(cfg: DictConfig, run_dir: RunDir, start: Start) -> dict[
     if not distributed.is_main():
         return None
     metrics = run_dir.metrics()
-    if metrics is not None and metrics.get("step") == summary["steps"]:
+    if metrics is not None and evaluated_after_training(metrics, summary):
         log.info("%s is already trained and evaluated; nothing to do", run_dir.path)
         return metrics
     if not cfg.eval.enabled:
