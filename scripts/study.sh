@@ -10,7 +10,7 @@
 #              variants included, for the report's benchmark-time axis and cost table
 #              (nothing else may run meanwhile): outputs/study/
 #   seed_report  the seed report's own setting for nonepe, sinpe, rpe, rope and alibi, seed 0
-#   scaling    the seed report's four and BEST (two encodings, e.g. BEST=rope,xl) at model=small
+#   scaling    experiment=scaling: the seed report's four and compare's best two at model=small
 #              and 8,000 steps (4x compare's), seed 0: does the short budget's ranking hold?
 #              Also RoPE with its last layer NoPE (SCALING_VARIANTS): compare's model has one
 #              layer a stack, where switching a layer off is nonepe itself
@@ -26,46 +26,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-STAGES=${STAGES:-compare extrap seed_report beam5}  # scaling: add it with BEST=
+STAGES=${STAGES:-compare extrap seed_report beam5 scaling}
 SEEDS=${SEEDS:-0 1 2}
 BUDGET=${BUDGET:-36000}
 deadline=$(($(date +%s) + BUDGET))
 common=(threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=2 trainer.progress=false logger.csv=true)
 
-# compare's options worth comparing (issue 29), each beside its encoding's default form
-VARIANTS=(
-  "pe=alibi pe.encoder_bias=symmetric"       # the symmetric encoder forms, as variants (one
-  "pe=kerple pe.encoder_bias=symmetric"      #   encoding per call: a multirun over pe=a,b cannot
-                                             #   override a key the default pe lacks)
-  "pe=rope pe.rotary_fraction=0.5"           # partial rotation (transformers' partial_rotary_factor)
-  "pe=rope pe.rope_proportion=0.75"          # p-RoPE (Barbero et al. 2025)
-  "pe=rope pe.cross_attention=rotated"       # RoPE in cross-attention too (x-transformers' context_pos)
-  "pe=sinpe pe.augment=shift pe.augment_range=100"  # SHAPE (Kiyono et al. 2021)
-  "pe=alibi pe.dape=true"                    # DAPE (Zheng et al. 2024)
-)
-# extrapolation's options (issue 29): those of compare that are about length (the symmetric encoder
-# forms are left to compare) and position augmentation where it applies, whose random positions
-# cover the test lengths (sources up to 120 tokens, targets up to 1.5 x 120 + 10)
-EXTRAP_VARIANTS=(
-  "pe=rope pe.rotary_fraction=0.5"
-  "pe=rope pe.rope_proportion=0.75"
-  "pe=rope pe.cross_attention=rotated"
-  "pe=alibi pe.dape=true"
-  "pe=rope pe.augment=random pe.augment_range=256"     # randomized positions (Ruoss et al. 2023)
-  "pe=learned pe.augment=random pe.augment_range=256"  # every table row trained
-  "pe=t5 pe.augment=random pe.augment_range=256"
-  "pe=sinpe pe.augment=shift pe.augment_range=100"     # SHAPE (Kiyono et al. 2021)
-)
-# RoPE's context-extension scalings at test time, on each trained rope run (configs/experiment/
-# extrapolation.yaml): PI, NTK, YaRN and dynamic NTK, each at factor 4
-ROPE_SCALINGS="eval.pe_variants={pi4: {scaling: linear, factor: 4}, ntk4: {scaling: ntk, factor: 4}, \
-yarn4: {scaling: yarn, factor: 4, original_max_len: 32}, \
-dntk4: {scaling: dynamic_ntk, factor: 4, original_max_len: 32}}"
-# scaling's options worth comparing (issue 29) on model=small's three layers a stack
-SCALING_VARIANTS=(
-  "pe=rope pe.off_layers=[2]"  # RoPE/NoPE interleaving (Yang et al. 2025), three RoPE : one NoPE
-  "pe=rope pe.cross_attention=rotated"  # compare's best system (seeds 0-2): does its lead hold?
-)
+source scripts/study_sets.sh  # VARIANTS ... SEED_REPORT_PES
 ARCHIVE_EVERY=${ARCHIVE_EVERY:-300}
 ARCHIVE=${ARCHIVE:-docs/study/runs}  # where the runs are kept as text (another checkout's, say)
 SWEEPS=(compare extrapolation seed_report scaling)
@@ -148,14 +115,10 @@ for stage in $STAGES; do
       bounded $PY scripts/bench.py --model cpu --tokens 1024 --lengths 32,64 --repeats 7 \
         --threads 1 "${variant_args[@]}" --out outputs/study/bench_cpu.json ;;
     seed_report)
-      bounded $PY train.py -m experiment=seed_report pe=nonepe,sinpe,rpe,rope,alibi seed=0 \
-        "${common[@]}" ;;
+      bounded $PY train.py -m experiment=seed_report "pe=$SEED_REPORT_PES" seed=0 "${common[@]}" ;;
     scaling)
-      scaling=(experiment=compare name=scaling model=small trainer.max_steps=8000
-        trainer.valid_every=500 seed=0)
-      bounded $PY train.py -m "${scaling[@]}" "pe=nonepe,sinpe,rpe,rope${BEST:+,$BEST}" \
-        "${common[@]}"
-      side_by_side "${scaling[@]}" -- "${SCALING_VARIANTS[@]}" ;;
+      bounded $PY train.py -m experiment=scaling "${common[@]}"
+      side_by_side experiment=scaling seed=0 -- "${SCALING_VARIANTS[@]}" ;;
     *) echo "study: unknown stage $stage" >&2; exit 2 ;;
   esac
 done

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import tomllib
 import zipfile
 from pathlib import Path
@@ -228,4 +229,18 @@ def test_run_sh_smoke_trains_decodes_and_scores_on_the_cpu(tmp_path):
 
 def test_run_sh_names_its_steps_when_given_another():
     done = subprocess.run(["bash", str(ROOT / "scripts/gpu/run.sh"), "train"], capture_output=True)
-    assert done.returncode == 2 and b"test|bench|seed_report|smoke" in done.stderr
+    assert done.returncode == 2 and b"test|bench|seed_report|scaling|study|smoke" in done.stderr
+
+
+@pytest.mark.slow
+def test_run_sh_study_runs_the_seed_report_and_the_scaling_check_at_once_on_the_cpu(tmp_path):
+    done = run_sh(tmp_path, "study")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = tmp_path / "out"
+    for name in ("seed_report", "scaling"):
+        assert (out / f"{name}.md").is_file() and (out / f"{name}.log").is_file()
+        with tarfile.open(out / f"{name}.tar.gz") as tar:
+            evaluated = [n for n in tar.getnames() if n.endswith("/metrics.json")]
+            assert not [n for n in tar.getnames() if n.endswith(".pt")]
+        assert len(evaluated) == (2 if name == "seed_report" else 3)  # scaling: a variant too
+    assert "pe.off_layers=[2]" in "".join(evaluated)

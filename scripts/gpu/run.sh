@@ -11,25 +11,30 @@
 # tool brings back 8 files, none deeper than two folders). Steps, ARGS going to the step's command:
 #   test         pytest -x -q -n 8 on the suite; junit XML and the log to $OUT
 #   bench        scripts/bench.py at model=small, then model=base; JSON and markdown to $OUT
-#   seed_report  train.py -m experiment=seed_report, pe=nonepe,sinpe,rpe,rope,alibi, all at once
-#                (joblib), then scripts/report.py; the sweep without checkpoints as one tar.gz
+#   seed_report  train.py -m experiment=seed_report, pe=SEED_REPORT_PES (scripts/study_sets.sh),
+#                all at once (joblib), then scripts/report.py; the sweep without checkpoints as
+#                seed_report.tar.gz and its report as seed_report.md
+#   scaling      train.py -m experiment=scaling (six encodings) and each of SCALING_VARIANTS, all
+#                at once, then the report: scaling.tar.gz and scaling.md
+#   study        seed_report and scaling at once: issue 27's GPU runs in one call of the device
+#                tool (15 minutes of device time a session)
 #   smoke        a tiny train + decode + score (experiment=smoke); its metrics to $OUT
 # Settings (environment): PYTHON (default /opt/torch/.venv/bin/python3, else python3); DEVICE
 # (default cuda when torch sees a GPU, else cpu: then every step runs with device=cpu on tiny
 # budgets, which is how tests/test_gpu_bundle.py checks this script); OUT (default
 # outputs/gpu); WORK (run directories, default a new folder in /tmp); SITE (default
-# /tmp/posenc_site); POSENC_CACHE (default /tmp/posenc_cache); TEST_WORKERS; SEED_MAX_TIME
-# (training seconds per seed_report run, default 360: preparing the mBERT corpus, decoding and
-# the report take the rest); DEADLINE (seconds from the start by which every step has ended,
+# /tmp/posenc_site); POSENC_CACHE (default /tmp/posenc_cache); TEST_WORKERS; SEED_MAX_TIME and
+# SCALING_MAX_TIME (training seconds per seed_report or scaling run, default 300: preparing the
+# corpus, decoding and the report take the rest of the ten minutes); DEADLINE (seconds from the start by which every step has ended,
 # default 580 on a GPU, where the device tool stops a command at 600; 3600 on the CPU).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
 STEP="${1:-}"
 case "$STEP" in
-  test | bench | seed_report | smoke) shift ;;
+  test | bench | seed_report | scaling | study | smoke) shift ;;
   *)
-    echo "usage: bash scripts/gpu/run.sh test|bench|seed_report|smoke [ARGS...]" >&2
+    echo "usage: bash scripts/gpu/run.sh test|bench|seed_report|scaling|study|smoke [ARGS...]" >&2
     exit 2
     ;;
 esac
@@ -122,6 +127,72 @@ step() {  # the command, its output to the console and to $LOG, stopped (SIGTERM
   return "$rc"
 }
 
+source scripts/study_sets.sh  # SEED_REPORT_PES, SCALING_VARIANTS
+
+tiny=(trainer.max_steps=20 trainer.valid_every=10 trainer.warmup_steps=5 data.train_size=2000
+  eval.max_sentences=20 eval.bertscore.model=null threads=1)  # the CPU's check of the steps
+
+prepare() {  # prepare EXPERIMENT OVERRIDES...: the corpus and tokenizer the runs will share,
+  # once, before the jobs start (the data and tokenizer settings among OVERRIDES)
+  local args=("experiment=$1") o
+  shift
+  for o in "$@"; do
+    case "$o" in data.* | tokenizer.* | +data.* | +tokenizer.*) args+=("$o") ;; esac
+  done
+  step "$PYTHON" -m posenc.data.prepare "${args[@]}"
+}
+
+sweep_out() {  # sweep_out NAME: the report, then the sweep without checkpoints as NAME.tar.gz
+  RESERVE=-10 step "$PYTHON" "$ROOT/scripts/report.py" "outputs/sweeps/$1" ||
+    echo "the report ended with status $?" | tee -a "$LOG"
+  tar -czf "$OUT/$1.tar.gz" --exclude='*.pt' --exclude=checkpoints -C outputs/sweeps "$1"
+  cp "outputs/sweeps/$1/report/report.md" "$OUT/$1.md" 2>/dev/null || true
+}
+
+seed_report() {  # the seed report's setting, every encoding at once; its own log and outputs
+  local LOG="$OUT/seed_report.log" pes="$SEED_REPORT_PES" budget overrides
+  if [ $GPU = 1 ]; then
+    budget=("trainer.max_time=${SEED_MAX_TIME:-300}" hydra.launcher.n_jobs=5)
+  else
+    pes=nonepe,rope
+    budget=("${tiny[@]}" hydra.launcher.n_jobs=2)
+  fi
+  overrides=(experiment=seed_report "pe=$pes" hydra/launcher=parallel "device=$DEVICE"
+    trainer.progress=false logger.csv=true "${budget[@]}" "$@")
+  cd "$WORK"
+  prepare seed_report "${overrides[@]}"
+  RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m "${overrides[@]}" ||
+    echo "the sweep ended with status $?" | tee -a "$LOG"
+  sweep_out seed_report
+}
+
+scaling() {  # experiment=scaling and SCALING_VARIANTS, every run at once; own log and outputs
+  local LOG="$OUT/scaling.log" budget shared variant pids=()
+  if [ $GPU = 1 ]; then
+    budget=("trainer.max_time=${SCALING_MAX_TIME:-300}")
+  else
+    budget=("${tiny[@]}" trainer.max_steps=12 trainer.valid_every=6)
+  fi
+  shared=(experiment=scaling seed=0 hydra/launcher=parallel "device=$DEVICE"
+    trainer.progress=false logger.csv=true "${budget[@]}" "$@")
+  cd "$WORK"
+  prepare scaling "${shared[@]}"
+  if [ $GPU = 1 ]; then
+    RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m "${shared[@]}" hydra.launcher.n_jobs=6 &
+  else
+    RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m "${shared[@]}" pe=nonepe,rope &
+  fi
+  pids+=($!)
+  for variant in "${SCALING_VARIANTS[@]}"; do
+    # shellcheck disable=SC2086  # a variant is several overrides
+    RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m $variant "${shared[@]}" &
+    pids+=($!)
+    [ $GPU = 1 ] || break  # the CPU's check: one variant
+  done
+  wait "${pids[@]}" || echo "a scaling sweep ended with status $?" | tee -a "$LOG"
+  sweep_out scaling
+}
+
 case "$STEP" in
   test)
     args=(-x -q -n "${TEST_WORKERS:-$([ $GPU = 1 ] && echo 8 || echo 2)}" -p no:cacheprovider)
@@ -143,32 +214,13 @@ case "$STEP" in
         --out "$OUT/bench_$model.json" "$@"
     done
     ;;
-  seed_report)
-    pes=nonepe,sinpe,rpe,rope,alibi
-    if [ $GPU = 1 ]; then
-      budget=("trainer.max_time=${SEED_MAX_TIME:-360}" hydra.launcher.n_jobs=5)
-    else
-      pes=nonepe,rope
-      budget=(trainer.max_steps=20 trainer.valid_every=10 trainer.warmup_steps=5
-        data.train_size=2000 eval.max_sentences=20 eval.bertscore.model=null
-        hydra.launcher.n_jobs=2 threads=1)
-    fi
-    overrides=(experiment=seed_report "pe=$pes" hydra/launcher=parallel "device=$DEVICE"
-      trainer.progress=false "${budget[@]}" "$@")
-    prepare=(experiment=seed_report)  # the data and tokenizer settings of the runs
-    for o in "${budget[@]}" "$@"; do
-      case "$o" in data.* | tokenizer.* | +data.* | +tokenizer.*) prepare+=("$o") ;; esac
-    done
-    cd "$WORK"
-    # the prepared corpus (mBERT ids) once, before the jobs start
-    step "$PYTHON" -m posenc.data.prepare "${prepare[@]}"
-    RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m "${overrides[@]}" ||
-      echo "the sweep ended with status $?" | tee -a "$LOG"
-    RESERVE=-10 step "$PYTHON" "$ROOT/scripts/report.py" outputs/sweeps/seed_report ||
-      echo "the report ended with status $?" | tee -a "$LOG"
-    tar -czf "$OUT/seed_report.tar.gz" --exclude='*.pt' --exclude=checkpoints \
-      -C outputs/sweeps seed_report
-    cp outputs/sweeps/seed_report/report/report.md "$OUT/seed_report.md" 2>/dev/null || true
+  seed_report) seed_report "$@" ;;
+  scaling) scaling "$@" ;;
+  study)  # both at once, as one call of the device tool (15 minutes of device time)
+    seed_report "$@" &
+    first=$!
+    scaling "$@" || echo "scaling ended with status $?" | tee -a "$LOG"
+    wait "$first" || echo "seed_report ended with status $?" | tee -a "$LOG"
     ;;
   smoke)
     run="$WORK/smoke"
