@@ -8,7 +8,7 @@ SWEEP ?= outputs/sweeps/demo
 # test processes (pytest-xdist); each test runs torch on one thread
 TEST_WORKERS ?= 2
 
-.PHONY: help install test test-all lint demo report bench gpu-bundle clean
+.PHONY: help install test test-all lint demo report bench gpu-bundle gpu-aside gpu-back clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -49,6 +49,14 @@ bench: install  ## speed of every encoding and of the peers, with their targets 
 
 gpu-bundle: install  ## wheels and data the GPU machine lacks, into gpu_bundle/ (README: On a GPU)
 	PYTHON=$(PY) bash scripts/gpu/build_bundle.sh
+
+gpu-aside:  ## before a call of the device tool: docs/ (over its 64 MiB) into the ignored outputs/gpu_aside/
+	@test ! -e outputs/gpu_aside || { echo "outputs/gpu_aside exists: run 'make gpu-back' first"; exit 1; }
+	mkdir -p outputs && mv docs outputs/gpu_aside
+
+gpu-back:  ## after the call: docs/ back from outputs/gpu_aside/
+	@test ! -e docs || { echo "docs/ exists: nothing to bring back (outputs/gpu_aside kept)"; exit 1; }
+	mv outputs/gpu_aside docs
 
 clean:  ## remove the virtual environment
 	rm -rf $(VENV)

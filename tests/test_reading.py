@@ -104,6 +104,18 @@ def test_one_training_time_is_named_once():
     assert "after 100 s of training" in reading(data, ["test"])
 
 
+def test_runs_that_stopped_at_different_steps_are_not_read_as_equal_training():
+    data = rows("test", {"a": 3.0, "b": 1.0}, {"b": NOISE})
+    for run, steps, status in (("pe=a", 2791, "done"), ("pe=b", 1745, "done"), ("c", 9, "")):
+        data += [
+            row("runs", "test", run, "steps", steps, run),
+            row("runs", "test", run, "status", status, run),
+        ]
+    assert "different numbers of steps (1,745 to 2,791" in reading(data, ["test"])
+    data[-4]["value"] = 2700  # within 5%; the unfinished run's steps do not count
+    assert "different numbers of steps" not in reading(data, ["test"])
+
+
 # ---------------------------------------------------------------- the rules of a finding
 
 

@@ -21,6 +21,7 @@ from posenc.analysis.report.benchtime import add_bench_curves, read_bench
 from posenc.analysis.report.build import build_report, main, scores_summary
 from posenc.analysis.report.curves import (
     kendall_tau,
+    means_at_equal_steps,
     rankings_at_last_validations,
     swaps_against_noise,
 )
@@ -464,6 +465,22 @@ def test_the_ranking_settles_when_the_last_two_shared_validations_agree():
     assert kendall_tau(first, last) == pytest.approx(1 / 3)
     assert kendall_tau(last, last) == 1.0
     assert rankings_at_last_validations({"a": curves["a"]}) == []
+
+
+def test_runs_stopped_at_different_steps_are_compared_at_the_steps_they_share():
+    """Time budgets end runs at different steps: the table sets them side by side at the last
+    steps every run logged, then at the last step each smaller set of systems reached."""
+    steps = np.arange(1, 7) * 100.0
+    curves = {
+        "a": [(steps, np.full(6, 4.0)), (steps[:5], np.full(5, 5.0))],  # seed 2 stopped at 500
+        "b": [(steps[:4], np.full(4, 3.0))],
+        "c": [(steps[:2], np.full(2, 6.0))],
+        "d": [(steps, np.full(6, 2.0))],
+    }
+    shown, means = means_at_equal_steps(curves, columns=2)
+    assert shown == [100, 200, 400, 500]  # every run: 100, 200; three systems: 400; two: 500
+    assert means["a"] == [4.5, 4.5, 4.5, 4.5] and means["c"] == [6.0, 6.0, None, None]
+    assert means["b"] == [3.0, 3.0, 3.0, None] and means["d"] == [2.0] * 4
 
 
 def test_a_swap_is_weighed_against_the_seed_noise_of_its_difference():

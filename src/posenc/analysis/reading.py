@@ -112,6 +112,10 @@ def split_reading(rows: Sequence[Mapping[str, Any]], split: str) -> str | None:
     return "".join(parts)
 
 
+#: runs whose step counts differ by more than this factor are not compared at equal training
+UNEQUAL_STEPS = 1.05
+
+
 def reading(rows: Sequence[Mapping[str, Any]], splits: Sequence[str]) -> str:
     """The reading paragraph of a report with ``rows``, over ``splits`` (focus first)."""
     parts = [text for split in splits if (text := split_reading(rows, split))]
@@ -129,6 +133,16 @@ def reading(rows: Sequence[Mapping[str, Any]], splits: Sequence[str]) -> str:
         budget = f"after {span} s of training"
     else:
         budget = "at this budget"
+    runs = [r for r in rows if r["section"] == "runs"]
+    done = {r["run"] for r in runs if r["metric"] == "status" and r["value"] == "done"}
+    steps = [_number(r["value"]) for r in runs if r["metric"] == "steps" and r["run"] in done]
+    if steps and max(steps) > UNEQUAL_STEPS * min(steps):
+        parts.append(
+            f"The runs were trained for different numbers of steps ({min(steps):,.0f} to "
+            f"{max(steps):,.0f}; a time budget ends each where its speed took it): these scores "
+            "say how far each run got, not how the encodings compare at equal training, which "
+            "the learning curves' table at equal steps shows. "
+        )
     if seeds and min(seeds) == max(seeds):
         n_seeds = "one seed" if seeds[0] == 1 else f"{seeds[0]} seeds"
     else:

@@ -7,6 +7,7 @@ seeds share; what a seed logged outside it is drawn as its own thin line (:func:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -118,6 +119,36 @@ def rankings_at_last_validations(
         }
         found.append((step, sorted(means, key=lambda name: (means[name], name))))
     return found
+
+
+def means_at_equal_steps(
+    curves_by_system: dict[str, Sequence[Curve]], columns: int = 3
+) -> tuple[list[int], dict[str, list[float | None]]]:
+    """Each system's mean over its runs at the last ``columns`` steps that every run logged and,
+    after them, at the last step that every run of N systems logged, for the ``columns`` largest
+    N >= 2 below all: ``(steps, {system: [mean, or None where a run of it lacks the step]})``.
+    The comparison that stays fair when runs stopped at different steps (time budgets)."""
+    logged = {
+        name: set.intersection(*(set(np.asarray(x, dtype=int).tolist()) for x, _ in curves))
+        for name, curves in curves_by_system.items()
+        if curves
+    }
+    counts = Counter(step for steps in logged.values() for step in steps)
+    every = sorted(step for step, count in counts.items() if count == len(logged))
+    last_by_count: dict[int, int] = {}
+    for step, count in counts.items():
+        if 2 <= count < len(logged) and step > max(every, default=0):
+            last_by_count[count] = max(step, last_by_count.get(count, step))
+    beyond = [last_by_count[count] for count in sorted(last_by_count, reverse=True)[:columns]]
+    steps = every[-columns:] + sorted(set(beyond))
+    means = {
+        name: [
+            float(np.mean(values_at(curves_by_system[name], s))) if s in logged[name] else None
+            for s in steps
+        ]
+        for name in logged
+    }
+    return steps, means
 
 
 def values_at(curves: Sequence[Curve], step: int) -> list[float]:

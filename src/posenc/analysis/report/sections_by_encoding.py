@@ -12,6 +12,7 @@ from typing import Any
 from posenc.analysis.report.benchtime import BenchTimes, bench_time
 from posenc.analysis.report.curves import (
     kendall_tau,
+    means_at_equal_steps,
     rankings_at_last_validations,
     swaps_against_noise,
 )
@@ -235,7 +236,32 @@ def section_curves(
         )
     header = ["encoding", "runs with curves", "best valid loss", "last valid loss", "last step"]
     w.table([*header, "last second"], rows)
+    equal_steps_table(w, groups)
     settling_line(w, groups)
+
+
+def equal_steps_table(w: Writer, groups: Sequence[Group]) -> None:
+    """Mean validation loss at the last validation steps that every run logged and at the last
+    ones after them that the runs of two systems or more logged, unfinished runs included, the
+    systems ordered at the latest step all of them reached (CSV metric
+    ``valid_loss_at_step_N``): with runs that stopped at different steps (a time budget, shared
+    unevenly), the comparison at equal steps."""
+    steps, means = means_at_equal_steps(
+        {g.label: [r.curves["steps"] for r in g.runs if "steps" in r.curves] for g in groups}
+    )
+    if len(means) < 2 or not steps:
+        return
+    shared = [i for i, step in enumerate(steps) if all(m[i] is not None for m in means.values())]
+    order = sorted(means, key=lambda name: means[name][shared[-1]] if shared else 0.0)
+    for name in order:
+        for step, mean in zip(steps, means[name], strict=True):
+            w.record("curves", "valid", name, "", f"valid_loss_at_step_{step}", mean)
+    at = f", ordered at step {steps[shared[-1]]:,}, the last every system reached" if shared else ""
+    w.text(f"Mean validation loss at equal steps (— where a system stopped before){at}:")
+    w.table(
+        ["encoding", *(f"step {step:,}" for step in steps)],
+        [[name, *(fmt(m, 4) for m in means[name])] for name in order],
+    )
 
 
 def settling_line(w: Writer, groups: Sequence[Group]) -> None:
