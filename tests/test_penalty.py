@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from posenc.analysis.penalty import done_runs, main, penalties, penalty_table
+from posenc.analysis.report.runs import load_run
 
 #: (min, max, sentences) of the test split's buckets; the last one is too small to show
 BUCKETS = [(0, 10, 40), (10, 20, 400), (20, 30, 500), (120, 1000, 2)]
@@ -144,3 +145,11 @@ def test_test_time_scalings_come_from_the_runs_standalone_evaluation(tmp_path, c
     assert found["rope [pi4]"].by_bucket[(20, 30)][0] == pytest.approx(0.3)
     main([str(short), str(full), "--eval", "scalings,step=10"])
     assert "rope [pi4] (seed 0) |" in capsys.readouterr().out
+    # a pattern names the evaluation whose folder's digest differs from seed to seed
+    assert [p.system for p in penalties(done_runs(short, "scal*"), done_runs(full), "test")] == [
+        "rope",
+        "rope [pi4]",
+    ]
+    (evaluation.parent / "scalings,step=20").mkdir()  # two matches: the run fails, saying so
+    failed = load_run(short / "pe=rope,seed=0", short, "scal*")
+    assert failed.status == "failed" and "'scal*' matches 2 evaluations" in failed.message

@@ -172,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=None,
         metavar="NAME",
         help="score the short-trained runs' standalone evaluation RUN/evals/NAME (RoPE's "
-        "test-time scalings, say) instead of their own",
+        "test-time scalings, say) instead of their own; NAME may be a glob pattern, quoted "
+        "(the folder's digest differs between seeds)",
     )
     parser.add_argument(
         "--min-sentences",

@@ -174,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--eval",
         default=None,
         metavar="NAME",
-        help="score each run's standalone evaluation RUN/evals/NAME instead of its own",
+        help="score each run's standalone evaluation RUN/evals/NAME instead of its own (NAME "
+        "may be a glob pattern, quoted: its folder's digest differs between seeds)",
     )
     parser.add_argument(
         "--reference",

@@ -5,6 +5,7 @@ run and split."""
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import json
 from collections.abc import Callable, Sequence
@@ -228,21 +229,41 @@ def load_run(path: Path, sweep: Path, evaluation: str | None = None) -> Run:
     unreadable or not what posenc writes: :mod:`posenc.runtime.untrusted`), done
     (``metrics.json``) or unfinished, and ``message`` says why in one line. Scores come from the
     run's own evaluation, or from its standalone evaluation ``RUN/evals/<evaluation>/`` when one
-    is named. A failed run carries no scores and no training summary."""
+    is named (a glob pattern may name it: :func:`evaluation_dir`). A failed run carries no
+    scores and no training summary."""
     name = str(path.relative_to(sweep)) if path != sweep else path.name
     try:
         config = _settings(path / "config.yaml")
     except UntrustedFileError as err:  # a broken config is a failed run in the table, not a crash
         return Run(name, path, {}, FAILED, str(err))
-    results = path / "evals" / evaluation if evaluation else path
-    run = Run(name, path, config, curves=read_curves(path), results=results)
+    run = Run(name, path, config, curves=read_curves(path), results=path)
     try:
+        results = run.results = evaluation_dir(path, evaluation) if evaluation else path
         if evaluation:  # the run's settings as the evaluation changed them, none stale left over
             run.config = _evaluation_settings(results) or config
         _read_status(run, evaluation)
     except UntrustedFileError as err:
         run.status, run.message, run.metrics, run.train = FAILED, str(err), {}, {}
     return run
+
+
+def evaluation_dir(run: Path, name: str) -> Path:
+    """``RUN/evals/<name>``. ``name`` may be a glob pattern: a standalone evaluation's folder
+    ends in a digest of its run's settings, so ``'eval.pe_variants=*'`` names the same
+    evaluation of every seed.
+
+    Raises:
+        UntrustedFileError: the pattern matches several folders of ``run``.
+    """
+    if not glob.has_magic(name):
+        return run / "evals" / name
+    found = sorted(p for p in (run / "evals").glob(name) if p.is_dir() and not p.is_symlink())
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found[:2])
+        raise UntrustedFileError(
+            run / "evals", f"{name!r} matches {len(found)} evaluations ({names})", "name one"
+        )
+    return found[0] if found else run / "evals" / name
 
 
 def _settings(config_file: Path) -> dict[str, Any]:
