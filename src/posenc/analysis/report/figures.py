@@ -178,14 +178,15 @@ def plot_intervals(
     ]
     names = list(intervals)
     fig, axes = new_figure(10, 0.8 + 0.28 * max(len(names), 3), max(len(metrics), 1))
-    for ax, (metric, label) in zip(axes, metrics, strict=False):
+    for panel, (ax, (metric, label)) in enumerate(zip(axes, metrics, strict=False)):
         for i, name in enumerate(names):
             if metric not in intervals[name]:
                 continue
             mean, half = intervals[name][metric]
             style = styles.get(name, GREY)
             ax.errorbar(mean, i, xerr=half, fmt=style["marker"], color=style["color"], capsize=3)
-        ax.set_yticks(range(len(names)), names, fontsize=7)
+        # the same rows in every panel: named once, on the left, leaving the others their width
+        ax.set_yticks(range(len(names)), names if panel == 0 else [], fontsize=7)
         ax.invert_yaxis()
         ax.set_xlabel(f"{label} (bootstrap mean ± 95% CI)")
         ax.grid(axis="x", alpha=0.3)
