@@ -25,8 +25,9 @@
 # outputs/gpu); WORK (run directories, default a new folder in /tmp); SITE (default
 # /tmp/posenc_site); POSENC_CACHE (default /tmp/posenc_cache); TEST_WORKERS; SEED_MAX_TIME and
 # SCALING_MAX_TIME (training seconds per seed_report or scaling run, default 300: preparing the
-# corpus, decoding and the report take the rest of the ten minutes); DEADLINE (seconds from the start by which every step has ended,
-# default 580 on a GPU, where the device tool stops a command at 600; 3600 on the CPU).
+# corpus, decoding and the report take the rest of the ten minutes); DEADLINE (seconds from the
+# start by which every step has ended, default 580 on a GPU, where the device tool stops a
+# command at 600; 3600 on the CPU).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"

@@ -103,22 +103,14 @@ def rankings_at_last_validations(
     last two validation steps that every run of every system logged: ``[(step, ranking), ...]``
     (fewer entries when fewer such steps exist). Whether the two rankings agree is the rule for
     a budget long enough for the ranking to settle."""
-    runs = [curve for curves in curves_by_system.values() for curve in curves]
-    if (
-        len(curves_by_system) < 2
-        or not runs
-        or any(not curves for curves in curves_by_system.values())
-    ):
+    if len(curves_by_system) < 2 or any(not curves for curves in curves_by_system.values()):
         return []
-    shared = set.intersection(*(set(np.asarray(x, dtype=int).tolist()) for x, _ in runs))
-    found = []
-    for step in sorted(shared)[-2:]:
-        means = {
-            name: float(np.mean(values_at(curves, step)))
-            for name, curves in curves_by_system.items()
-        }
-        found.append((step, sorted(means, key=lambda name: (means[name], name))))
-    return found
+    steps, means = means_at_equal_steps(curves_by_system, columns=2)
+    return [
+        (step, sorted(means, key=lambda name: (means[name][i], name)))
+        for i, step in enumerate(steps)
+        if all(values[i] is not None for values in means.values())
+    ]
 
 
 def means_at_equal_steps(
@@ -135,12 +127,13 @@ def means_at_equal_steps(
     }
     counts = Counter(step for steps in logged.values() for step in steps)
     every = sorted(step for step, count in counts.items() if count == len(logged))
+    after = max(every, default=0)
     last_by_count: dict[int, int] = {}
     for step, count in counts.items():
-        if 2 <= count < len(logged) and step > max(every, default=0):
+        if 2 <= count < len(logged) and step > after:
             last_by_count[count] = max(step, last_by_count.get(count, step))
     beyond = [last_by_count[count] for count in sorted(last_by_count, reverse=True)[:columns]]
-    steps = every[-columns:] + sorted(set(beyond))
+    steps = every[-columns:] + sorted(beyond)
     means = {
         name: [
             float(np.mean(values_at(curves_by_system[name], s))) if s in logged[name] else None
