@@ -52,6 +52,33 @@ def test_time_tags_keep_one_point_per_training_second_across_a_resume(tmp_path):
     assert steps_as_read(tmp_path, "vs_train_seconds/train_loss") == [0, 1, 2, 3, 4]
 
 
+def values_as_read(log_dir: Path, tag: str) -> dict[int, float]:
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(tag)}
+
+
+def test_a_time_point_is_the_token_weighted_mean_of_every_step_since_the_last(tmp_path):
+    logger = RunLogger(tmp_path)
+    # (seconds, loss, tokens): the steps ending in the second after point 0 are all counted, the
+    # slow last one (the one that crosses into second 1) no more than its tokens say
+    for seconds, loss, tokens in (
+        (0.1, 9.0, 100),
+        (0.4, 4.0, 100),
+        (0.6, 2.0, 300),
+        (1.5, 6.0, 100),
+        (2.2, 3.0, 50),
+        (2.3, 5.0, 150),
+    ):
+        logger.against_time("train_loss", loss, seconds, tokens)
+    logger.close()
+    points = values_as_read(tmp_path, "vs_train_seconds/train_loss")
+    assert list(points) == [0, 1, 2]
+    assert points[0] == 9.0
+    assert abs(points[1] - (4.0 * 100 + 2.0 * 300 + 6.0 * 100) / 500) < 1e-6
+    assert abs(points[2] - 3.0) < 1e-6  # 2.3 waits for the next point, which never comes
+
+
 def test_event_files_with_nothing_to_drop_are_only_read(tmp_path):
     log_steps(RunLogger(tmp_path), range(1, 6))
     (first,) = tmp_path.glob("events.out.tfevents.*")

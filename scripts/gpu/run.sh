@@ -25,9 +25,12 @@
 # outputs/gpu); WORK (run directories, default a new folder in /tmp); SITE (default
 # /tmp/posenc_site); POSENC_CACHE (default /tmp/posenc_cache); TEST_WORKERS; SEED_MAX_TIME and
 # SCALING_MAX_TIME (training seconds per seed_report or scaling run, default 300: preparing the
-# corpus, decoding and the report take the rest of the ten minutes); DEADLINE (seconds from the
-# start by which every step has ended, default 580 on a GPU, where the device tool stops a
-# command at 600; 3600 on the CPU).
+# corpus, decoding and the report take the rest of the ten minutes; a second call with the same
+# WORK on the still-warm machine resumes the runs up to a larger value); SCALING_SEED (default
+# 0); DEADLINE (seconds from the start by which every step has ended, default 580 on a GPU, where
+# the device tool stops a command at 600; 3600 on the CPU). On a GPU each run gets the machine's
+# cores divided by the runs the step starts at once as torch threads (`threads`, not part of a
+# run's name).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
@@ -130,6 +133,21 @@ step() {  # the command, its output to the console and to $LOG, stopped (SIGTERM
 
 source scripts/study_sets.sh  # SEED_REPORT_PES, SCALING_VARIANTS
 
+# torch threads per run on the GPU: the machine's cores shared by every run the step starts at
+# once. joblib would give each sweep's jobs cpu_count / n_jobs threads, but a step runs several
+# sweeps at once (scaling's variants are sweeps of one job each), so they ask for more threads
+# than there are cores (docs/RESULTS.md, finding 7, says what that cost).
+IFS=, read -ra seed_report_pes <<<"$SEED_REPORT_PES"
+scaling_encodings=6  # configs/experiment/scaling.yaml's pe list, one job each
+scaling_runs=$((scaling_encodings + ${#SCALING_VARIANTS[@]}))
+case "$STEP" in
+  seed_report) runs_at_once=${#seed_report_pes[@]} ;;
+  scaling) runs_at_once=$scaling_runs ;;
+  *) runs_at_once=$((${#seed_report_pes[@]} + scaling_runs)) ;;
+esac
+run_threads=$(($(nproc) / runs_at_once))
+[ "$run_threads" -ge 1 ] || run_threads=1
+
 tiny=(trainer.max_steps=20 trainer.valid_every=10 trainer.warmup_steps=5 data.train_size=2000
   eval.max_sentences=20 eval.bertscore.model=null threads=1)  # the CPU's check of the steps
 
@@ -153,7 +171,8 @@ sweep_out() {  # sweep_out NAME: the report, then the sweep without checkpoints 
 seed_report() {  # the seed report's setting, every encoding at once; its own log and outputs
   local LOG="$OUT/seed_report.log" pes="$SEED_REPORT_PES" budget overrides
   if [ $GPU = 1 ]; then
-    budget=("trainer.max_time=${SEED_MAX_TIME:-300}" hydra.launcher.n_jobs=5)
+    budget=("trainer.max_time=${SEED_MAX_TIME:-300}" "hydra.launcher.n_jobs=${#seed_report_pes[@]}"
+      "threads=$run_threads")
   else
     pes=nonepe,rope
     budget=("${tiny[@]}" hydra.launcher.n_jobs=2)
@@ -170,16 +189,16 @@ seed_report() {  # the seed report's setting, every encoding at once; its own lo
 scaling() {  # experiment=scaling and SCALING_VARIANTS, every run at once; own log and outputs
   local LOG="$OUT/scaling.log" budget shared variant pids=()
   if [ $GPU = 1 ]; then
-    budget=("trainer.max_time=${SCALING_MAX_TIME:-300}")
+    budget=("trainer.max_time=${SCALING_MAX_TIME:-300}" "threads=$run_threads")
   else
     budget=("${tiny[@]}" trainer.max_steps=12 trainer.valid_every=6)
   fi
-  shared=(experiment=scaling seed=0 hydra/launcher=parallel "device=$DEVICE"
+  shared=(experiment=scaling "seed=${SCALING_SEED:-0}" hydra/launcher=parallel "device=$DEVICE"
     trainer.progress=false logger.csv=true "${budget[@]}" "$@")
   cd "$WORK"
   prepare scaling "${shared[@]}"
   if [ $GPU = 1 ]; then
-    RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m "${shared[@]}" hydra.launcher.n_jobs=6 &
+    RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m "${shared[@]}" "hydra.launcher.n_jobs=$scaling_encodings" &
   else
     RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m "${shared[@]}" pe=nonepe,rope &
   fi

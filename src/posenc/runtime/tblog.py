@@ -94,6 +94,7 @@ class RunLogger:
         # seconds already logged before a resume (kept by the truncation); -1 for a new run
         done = int(resume_seconds) if resume_step > 0 else -1
         self._last_second = {"train_loss": done, "valid_loss": done}
+        self._pending: dict[str, tuple[float, float]] = {}  # name -> (weighted sum, weights)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Log ``values`` (tag -> value) at training ``step``."""
@@ -106,12 +107,22 @@ class RunLogger:
         for sink in self.sinks:
             sink.add(tag, value, step)
 
-    def against_time(self, name: str, value: float, seconds: float) -> None:
-        """Log ``vs_train_seconds/NAME`` at whole training seconds, at most once a second each."""
+    def against_time(self, name: str, value: float, seconds: float, weight: float = 1.0) -> None:
+        """Log ``vs_train_seconds/NAME`` at whole training seconds, at most once a second each:
+        the ``weight``-weighted mean of every value given since the previous point (a step's
+        loss weighted by its tokens), not the value that happens to cross into a new second,
+        which is one step's loss, picked more often the longer its step took. A value given
+        within the second of the previous point waits for the next one; a resumed run starts
+        its mean afresh."""
+        total, weights = self._pending.get(name, (0.0, 0.0))
+        total += value * weight
+        weights += weight
         second = int(seconds)
         if second > self._last_second.get(name, -1):
-            self.add(TIME_PREFIX + name, value, second)
+            self.add(TIME_PREFIX + name, total / weights, second)
             self._last_second[name] = second
+            total = weights = 0.0
+        self._pending[name] = (total, weights)
 
     def image(self, tag: str, image, step: int) -> None:
         """An ``(H, W, 3)`` uint8 array or figure rendered elsewhere."""

@@ -398,7 +398,7 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     state.tokens += n_tokens
     run.window.add(loss_sum, nll_sum, n_tokens, elapsed)
     if run.logger is not None:
-        run.logger.against_time("train_loss", step_loss, state.train_seconds)
+        run.logger.against_time("train_loss", step_loss, state.train_seconds, n_tokens)
     if reporting:
         _report(run, None if grad_norm is None else float(grad_norm))
     run.progress.update(1)
