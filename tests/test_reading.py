@@ -94,8 +94,9 @@ def test_one_seed_is_named_as_a_limit_of_trust():
     assert "With one seed nothing can be a finding" in text
 
 
-def test_without_two_scored_encodings_there_is_nothing_to_read():
-    assert "nothing to compare" in reading(rows("test", {"a": 3.0}, {}), ["test"])
+def test_without_two_scored_encodings_it_points_to_the_learning_curves():
+    text = reading(rows("test", {"a": 3.0}, {}), ["test"])
+    assert "no scores to compare" in text and "equal steps" in text
 
 
 def test_one_training_time_is_named_once():

@@ -120,7 +120,10 @@ def reading(rows: Sequence[Mapping[str, Any]], splits: Sequence[str]) -> str:
     """The reading paragraph of a report with ``rows``, over ``splits`` (focus first)."""
     parts = [text for split in splits if (text := split_reading(rows, split))]
     if not parts:
-        return "Fewer than two encodings have scored hypotheses: there is nothing to compare yet."
+        return (
+            "Fewer than two encodings have scored hypotheses: no scores to compare yet (the "
+            "learning curves compare validation loss, at equal steps in the table under them)."
+        )
     seeds = [int(v) for v in _values(rows, "scores", splits[0], "bleu_n").values() if v == v]
     seconds = [
         _number(r["value"])
