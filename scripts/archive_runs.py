@@ -5,9 +5,10 @@ machine it was written on, and put them back before the sweep resumes.
     python scripts/archive_runs.py restore docs/study/runs/compare outputs/sweeps/compare
 
 ``save`` copies, for every run trained and evaluated to its last step, the files a report reads
-(:data:`ARCHIVED`: settings, scores, training summary, hypotheses, ``scalars.csv`` of the curves,
-standalone evaluations under ``evals/``), never checkpoints or TensorBoard events, with paths
-inside the checkout the runs were made in written relative to it and the home directory ``~``
+(:data:`ARCHIVED`: settings, scores, training summary, hypotheses, sentence losses,
+``scalars.csv`` of the curves, standalone evaluations under ``evals/``), never checkpoints or
+TensorBoard events, with paths inside the checkout the runs were made in written relative to it
+and the home directory ``~``
 (:mod:`posenc.analysis.portable`); a continued run replaces its archived files, and a file the
 run lacks is never deleted from the archive (a ``scalars.csv`` made from the events of a run that
 had none stays). ``restore`` copies archived runs
@@ -38,6 +39,7 @@ ARCHIVED = (
     "metrics.json",
     "train_summary.json",
     "hypotheses.*.txt",
+    "losses.*.tsv",
     "scalars.csv",
 )
 

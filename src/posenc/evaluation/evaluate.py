@@ -34,6 +34,7 @@ from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.attention_maps import example_attention, plot_attention
 from posenc.evaluation.decode import DecodeSettings, translate
 from posenc.evaluation.metrics import BertScore, bleu_chrf, length_buckets
+from posenc.evaluation.sentence_losses import SentenceLosses, losses_file, write_losses
 from posenc.model.factory import load_run_model, variant_model
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime.averaging import last_step_checkpoints
@@ -44,6 +45,14 @@ from posenc.runtime.rundir import RunDir, as_run_dir
 from posenc.training.losses import sentence_losses
 
 log = logging.getLogger("posenc.evaluation.evaluate")
+
+
+def evaluated_part(corpus: Corpus, eval_cfg: DictConfig) -> Corpus:
+    """The pairs of ``corpus`` an evaluation scores: all, or the first ``eval.max_sentences``."""
+    if not eval_cfg.max_sentences:
+        return corpus
+    limit = eval_cfg.max_sentences
+    return Corpus(corpus.name, corpus.src[:limit], corpus.tgt[:limit])
 
 
 def evaluate_split(
@@ -59,10 +68,7 @@ def evaluate_split(
 ) -> dict[str, Any]:
     """Decode (as ``decoding`` says) and score one split; writes its hypothesis and reference
     files into ``out_dir``."""
-    if eval_cfg.max_sentences:
-        corpus = Corpus(
-            corpus.name, corpus.src[: eval_cfg.max_sentences], corpus.tgt[: eval_cfg.max_sentences]
-        )
+    corpus = evaluated_part(corpus, eval_cfg)
     sources = tokenizer.encode_batch(corpus.src)
     targets = tokenizer.encode_batch(corpus.tgt)
     ids, seconds = translate(model, tokenizer, sources, decoding, device)
@@ -70,6 +76,8 @@ def evaluate_split(
     write_text(out_dir / f"hypotheses.{split}.txt", "\n".join(hypotheses) + "\n")
     write_text(out_dir / f"references.{split}.txt", "\n".join(corpus.tgt) + "\n")
     nll, counts = sentence_losses(model, tokenizer, sources, targets, eval_cfg.batch_tokens, device)
+    source_tokens = [len(s) + 1 for s in sources]
+    write_losses(losses_file(out_dir, split), SentenceLosses(source_tokens, nll, counts))
     generated = sum(len(row) + 1 for row in ids)
     result: dict[str, Any] = {
         "sentences": len(hypotheses),
@@ -88,7 +96,7 @@ def evaluate_split(
         "empty_hypotheses": sum(not h.strip() for h in hypotheses),
         "buckets": length_buckets(
             list(eval_cfg.length_buckets),
-            [len(s) + 1 for s in sources],
+            source_tokens,
             hypotheses,
             corpus.tgt,
             nll,
@@ -115,7 +123,13 @@ def evaluate_split(
     return result
 
 
-EVALUATION_FILES = ("metrics.json", "hypotheses.*.txt", "references.*.txt", "attention.*")
+EVALUATION_FILES = (
+    "metrics.json",
+    "hypotheses.*.txt",
+    "references.*.txt",
+    "losses.*.tsv",
+    "attention.*",
+)
 
 
 def average_last(cfg: DictConfig) -> int:

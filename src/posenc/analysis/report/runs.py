@@ -29,6 +29,7 @@ from posenc.config.variants import (
     settings_text,
     variant_label,
 )
+from posenc.evaluation.sentence_losses import losses_file
 from posenc.runtime.sinks import LEGACY_TIME_PREFIX, TIME_PREFIX
 from posenc.runtime.untrusted import (
     INT,
@@ -129,6 +130,7 @@ class Entry:
     scores: dict[str, Any]
     hypotheses: Path
     references: Path
+    losses: Path | None = None  #: its sentence losses (:mod:`posenc.evaluation.sentence_losses`)
 
 
 # ---------------------------------------------------------------- reading the run directories
@@ -428,6 +430,7 @@ def split_entries(groups: Sequence[Group], split: str) -> dict[str, list[Entry]]
                         scores,
                         run.results / f"hypotheses.{split}.txt",
                         run.results / f"references.{split}.txt",
+                        losses_file(run.results, split),
                     )
                 )
             for name, variant in (run.metrics.get("variants") or {}).items():
@@ -441,6 +444,7 @@ def split_entries(groups: Sequence[Group], split: str) -> dict[str, list[Entry]]
                             v_scores,
                             run.results / f"hypotheses.{split}.{name}.txt",
                             run.results / f"references.{split}.txt",
+                            losses_file(run.results, f"{split}.{name}"),
                         )
                     )
     return systems

@@ -1,0 +1,137 @@
+"""Loss differences on a length bucket (``scripts/bucket_contrasts.py``): a system's lower loss on
+long sources is a finding only when it survives a paired bootstrap over the bucket's sentences,
+Holm's correction over the systems and every training seed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from posenc.analysis.bucket_contrasts import (
+    HIGHER,
+    LOWER,
+    NOISE,
+    NOT_EVERY_SEED,
+    ONE_SEED,
+    bootstrap_p,
+    bucket_contrasts,
+    contrast_table,
+    parse_bucket,
+)
+from posenc.analysis.report.runs import Entry, Run
+from posenc.evaluation.sentence_losses import SentenceLosses, write_losses
+
+SOURCES = [5] * 40 + [90] * 60  # 40 short sentences, 60 long ones (bucket 80-120)
+TARGETS = [4] * 40 + [80] * 60
+
+
+def entry(tmp_path, system: str, seed: int, per_token: np.ndarray) -> Entry:
+    """A run of ``system`` whose sentences cost ``per_token`` nats per target token each."""
+    folder = tmp_path / f"{system}-{seed}"
+    folder.mkdir()
+    nll = [float(x) * t for x, t in zip(per_token, TARGETS, strict=True)]
+    write_losses(folder / "losses.test.tsv", SentenceLosses(SOURCES, nll, TARGETS))
+    run = Run(folder.name, folder, {"pe.name": system, "seed": seed})
+    return Entry(system, run, {}, folder / "h", folder / "r", folder / "losses.test.tsv")
+
+
+def noisy(seed: int, shift: float, sd: float = 0.5) -> np.ndarray:
+    return 6.0 + shift + np.random.default_rng(seed).normal(0.0, sd, len(SOURCES))
+
+
+def systems_of(tmp_path, shifts: dict[str, list[float]], sd: float = 0.5) -> dict:
+    """Each system's runs: seed s's sentences share their noise across systems (the same
+    sentences are hard for every model), plus the system's shift on that seed."""
+    return {
+        name: [entry(tmp_path, name, s, noisy(s, shift, sd)) for s, shift in enumerate(seeds)]
+        for name, seeds in shifts.items()
+    }
+
+
+def test_lower_loss_on_every_seed_beyond_the_sentence_noise_is_a_finding(tmp_path):
+    systems = systems_of(
+        tmp_path,
+        {"base": [0, 0, 0], "better": [-0.2, -0.25, -0.2], "worse": [0.3, 0.2, 0.3]},
+    )
+    found = {c.system: c for c in bucket_contrasts(systems, "base", (80, 120), 2000)}
+    assert found["better"].verdict == LOWER and found["worse"].verdict == HIGHER
+    assert found["better"].per_seed == pytest.approx((-0.2, -0.25, -0.2))
+    assert found["better"].mean == pytest.approx(-0.65 / 3)
+    assert [c.system for c in bucket_contrasts(systems, "base", (80, 120), 2000)] == [
+        "better",
+        "worse",
+    ]
+
+
+def test_a_difference_that_changes_sign_between_seeds_is_not_a_finding(tmp_path):
+    systems = systems_of(tmp_path, {"base": [0, 0, 0], "mixed": [-0.4, -0.4, 0.1]})
+    (mixed,) = bucket_contrasts(systems, "base", (80, 120), 2000)
+    assert mixed.p_holm < 0.05 and mixed.verdict == NOT_EVERY_SEED
+
+
+def test_one_seed_is_never_a_finding(tmp_path):
+    systems = systems_of(tmp_path, {"base": [0], "better": [-0.3]})
+    (better,) = bucket_contrasts(systems, "base", (80, 120), 2000)
+    assert better.verdict == ONE_SEED and better.effect is None
+
+
+def test_sentence_noise_larger_than_the_difference_is_within_noise(tmp_path):
+    # each sentence's own difference is noise of sd 2 nats a token around -0.02
+    base = systems_of(tmp_path, {"base": [0, 0]}, sd=0.0)["base"]
+    rng = np.random.default_rng(7)
+    other = [entry(tmp_path, "other", s, 6.0 - 0.02 + rng.normal(0, 2, 100)) for s in (0, 1)]
+    (contrast,) = bucket_contrasts({"base": base, "other": other}, "base", (80, 120), 2000)
+    assert contrast.verdict == NOISE and contrast.p > 0.05
+
+
+def test_holm_multiplies_the_smallest_p_by_the_number_of_systems(tmp_path):
+    shifts = {"base": [0, 0]} | {f"s{i}": [-0.01, -0.01] for i in range(4)}
+    contrasts = bucket_contrasts(systems_of(tmp_path, shifts), "base", (80, 120), 500)
+    smallest = min(contrasts, key=lambda c: c.p)
+    assert smallest.p_holm == pytest.approx(min(1.0, 4 * smallest.p))
+
+
+def test_the_bootstrap_p_matches_a_slow_reference():
+    rng = np.random.default_rng(3)
+    differences = rng.normal(-0.05, 1.0, size=(2, 30)) * 10
+    tokens = rng.integers(5, 15, size=30).astype(float)
+    p = bootstrap_p(differences, tokens, 400, np.random.default_rng(11))
+    slow = np.random.default_rng(11)
+    lower = higher = 0
+    idx = slow.integers(0, 30, size=(400, 30))
+    for row in idx:  # each resample: the seeds' mean NLL difference per token on its sentences
+        stat = sum(differences[:, i].mean() for i in row) / sum(tokens[i] for i in row)
+        lower += stat <= 0
+        higher += stat >= 0
+    assert p == pytest.approx(min(1.0, 2 * (min(lower, higher) + 1) / 401))
+
+
+def test_only_the_bucket_counts(tmp_path):
+    base = [
+        entry(tmp_path, "base", 0, np.full(100, 6.0)),
+        entry(tmp_path, "base", 1, np.full(100, 6.0)),
+    ]
+    short_worse = np.concatenate([np.full(40, 9.0), np.full(60, 6.0)])  # worse on short only
+    other = [entry(tmp_path, "other", s, short_worse) for s in (0, 1)]
+    (contrast,) = bucket_contrasts({"base": base, "other": other}, "base", (80, 120), 200)
+    assert contrast.mean == 0.0
+
+
+def test_the_table_names_the_bucket_the_baseline_and_the_correction(tmp_path):
+    systems = systems_of(tmp_path, {"base": [0, 0], "better": [-0.3, -0.3]})
+    table = contrast_table(systems, "base", (80, 120), 500)
+    assert "Sources of 80-119 tokens (60 sentences): base's loss" in table
+    assert "Holm over 1 systems" in table and f"| {LOWER}" in table
+
+
+def test_bad_input_is_refused_in_one_line(tmp_path):
+    systems = systems_of(tmp_path, {"base": [0], "other": [0.1]})
+    with pytest.raises(ValueError, match="no system 'nonepe'"):
+        bucket_contrasts(systems, "nonepe", (80, 120))
+    with pytest.raises(ValueError, match="no sentence has a source of 200 to 299"):
+        bucket_contrasts(systems, "base", (200, 300))
+    with pytest.raises(ValueError, match="write it as LOW-HIGH"):
+        parse_bucket("80:120")
+    (tmp_path / "base-0" / "losses.test.tsv").unlink()
+    with pytest.raises(ValueError, match="no sentence losses for base.*sentence_losses.py"):
+        bucket_contrasts(systems, "base", (80, 120))
