@@ -10,13 +10,15 @@ import pytest
 import torch
 from conftest import SMOKE, compose
 
-from posenc.evaluation.backfill_losses import BackfillError, backfill
+from posenc.analysis.bucket_contrasts import main as bucket_main
+from posenc.evaluation.backfill_losses import BackfillError, backfill, evaluations
 from posenc.evaluation.sentence_losses import (
     SentenceLosses,
     losses_file,
     read_losses,
     write_losses,
 )
+from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
 
 
@@ -102,3 +104,44 @@ def test_a_run_whose_evaluation_does_not_match_its_checkpoint_gets_no_file(evalu
     finally:
         metrics_path.write_text(original)
         write_losses(losses_file(directory, "test"), kept)
+
+
+@pytest.fixture(scope="module")
+def with_variants(evaluated_run):
+    """The run and its standalone evaluation with RoPE's linear scaling by 2 as a variant."""
+    directory, _ = evaluated_run
+    evaluate_main(
+        [f"run_dir={directory}", "eval.pe_variants={pi2: {scaling: linear, factor: 2.0}}"]
+    )
+    (out,) = (directory / "evals").glob("eval.pe_variants=*")
+    return directory, out
+
+
+def test_a_standalone_evaluation_with_test_time_variants_gets_each_variants_file(with_variants):
+    directory, out = with_variants
+    metrics = json.loads((out / "metrics.json").read_text())
+    kept = {split: read_losses(losses_file(out, split)) for split in ("test", "test.pi2")}
+    for split in kept:
+        losses_file(out, split).unlink()
+    try:
+        assert evaluations([directory]) == [directory, out]
+        assert sorted(backfill(out, ["test"], torch.device("cpu"))) == ["test", "test.pi2"]
+        variant = metrics["variants"]["pi2"]["splits"]["test"]
+        for split, scores in (("test", metrics["splits"]["test"]), ("test.pi2", variant)):
+            again = read_losses(losses_file(out, split))
+            assert again.nll == pytest.approx(kept[split].nll, abs=1e-5)
+            assert again.loss == pytest.approx(scores["loss"], abs=1e-5)
+        assert kept["test"].nll != pytest.approx(kept["test.pi2"].nll)  # the variant's own
+    finally:
+        for split, losses in kept.items():
+            write_losses(losses_file(out, split), losses)
+
+
+def test_the_bucket_contrasts_read_a_standalone_evaluations_variants(with_variants, capsys):
+    directory, _ = with_variants
+    args = [str(directory), "--eval", "eval.pe_variants=*", "--baseline", "rope"]
+    bucket_main([*args, "--bucket", "0-1000", "--bootstrap", "200"])
+    table = capsys.readouterr().out
+    assert "Sources of 0-999 tokens (12 sentences): rope's loss" in table
+    assert "rope [pi2] | 0 |" in table
+    assert "one seed only" in table or "within noise" in table

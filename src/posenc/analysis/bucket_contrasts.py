@@ -16,7 +16,8 @@ For every system against the baseline (nonepe, say), on the bucket's sentences:
   second metric to agree with).
 
 ``python scripts/bucket_contrasts.py SWEEP [--bucket 80-120] [--baseline nonepe]
-[--bootstrap 10000]`` prints the table.
+[--bootstrap 10000] [--eval NAME]`` prints the table; with ``--eval 'eval.pe_variants=*'
+--baseline rope`` it compares RoPE's test-time scalings (``rope [pi4]``) with RoPE itself.
 """
 
 from __future__ import annotations
@@ -253,11 +254,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--baseline", default="nonepe", help="the system compared against")
     parser.add_argument("--bootstrap", type=int, default=10_000, help="resamples (10,000)")
     parser.add_argument("--seed", type=int, default=0, help="the resampling seed")
+    parser.add_argument(
+        "--eval",
+        default=None,
+        metavar="NAME",
+        help="read the runs' standalone evaluation RUN/evals/NAME (RoPE's test-time scalings, "
+        "say; a quoted glob pattern) instead of their own; the runs without it are left out",
+    )
     args = parser.parse_args(argv)
     if not args.sweep.is_dir():
         raise SystemExit(f"error: no sweep directory {args.sweep}; pass the sweep's folder")
     try:
-        systems = systems_of(done_runs(args.sweep), args.split)
+        systems = systems_of(done_runs(args.sweep, args.eval), args.split)
         print(
             contrast_table(
                 systems, args.baseline, parse_bucket(args.bucket), args.bootstrap, args.seed

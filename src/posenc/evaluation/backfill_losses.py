@@ -1,30 +1,29 @@
 """Sentence losses for runs evaluated before evaluation kept them:
 ``python scripts/sentence_losses.py RUN_OR_SWEEP... [--splits test]`` writes
-``losses.<split>.tsv`` (:mod:`posenc.evaluation.sentence_losses`) into every finished run that
-lacks it, from the checkpoint its ``metrics.json`` names. A run is refused (one line, the others
-go on) where that checkpoint is not the evaluated step, or the recomputed loss of the split is not
+``losses.<split>.tsv`` (:mod:`posenc.evaluation.sentence_losses`) into every evaluation that
+lacks it (a run's own and its standalone ones under ``evals/``, test-time variants included),
+from the checkpoint its ``metrics.json`` names. An evaluation is refused (one line, the others
+go on) where that checkpoint is not the evaluated step, or the recomputed loss of a split is not
 the recorded one, so the file always describes the evaluation beside it."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
+from posenc.analysis.report.runs import find_run_dirs
 from posenc.data.corpora import load_corpora
 from posenc.data.corpus import DataError
 from posenc.evaluation.evaluate import evaluated_part
 from posenc.evaluation.sentence_losses import SentenceLosses, losses_file, write_losses
-from posenc.model.factory import load_run_model
+from posenc.model.factory import load_run_model, variant_model
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.training.losses import sentence_losses
-
-log = logging.getLogger("posenc.evaluation.backfill_losses")
 
 #: how far the recomputed loss may be from the recorded one (kept to 5 decimals; another thread
 #: count sums in another order, which moves the 6th)
@@ -35,80 +34,95 @@ class BackfillError(ValueError):
     """A run whose sentence losses cannot be written to match its evaluation."""
 
 
-def backfill(run: Path, splits: Sequence[str], device: torch.device) -> list[str]:
-    """Write the sentence losses of ``splits`` (those the run was scored on and lacks the file
-    of) into the run directory ``run``; returns the splits written (none for a run not
-    evaluated yet, whose evaluation will write them).
+def backfill(results: Path, splits: Sequence[str], device: torch.device) -> list[str]:
+    """Write the sentence losses of ``splits`` (those scored and lacking the file, test-time
+    variants' ``split.NAME`` included) into ``results``: a run directory, scored by its own
+    evaluation, or a standalone evaluation ``RUN/evals/NAME`` (its ``eval_config.yaml`` is the
+    config it was made with); returns the splits written (none for a run not evaluated yet, whose
+    evaluation will write them).
 
     Raises:
-        BackfillError: the run's evaluation averaged checkpoints or used the EMA, its
-            checkpoint is at another step than the evaluated one, or a recomputed split differs
-            (one line)."""
-    metrics_path = run / "metrics.json"
+        BackfillError: the evaluation averaged checkpoints or used the EMA, its checkpoint is at
+            another step than the evaluated one, or a recomputed split differs (one line).
+    """
+    metrics_path = results / "metrics.json"
     if not metrics_path.is_file():
         return []  # not evaluated (yet): its evaluation will write the file
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
+    scored = {split: (None, metrics["splits"][split]) for split in metrics.get("splits", {})}
+    for name, variant in (metrics.get("variants") or {}).items():
+        for split, scores in variant.get("splits", {}).items():
+            scored[f"{split}.{name}"] = (name, scores)
     wanted = [
-        split
-        for split in splits
-        if split in metrics.get("splits", {}) and not losses_file(run, split).exists()
+        key
+        for key in scored
+        if key.split(".")[0] in splits and not losses_file(results, key).exists()
     ]
     if not wanted:
         return []
     if metrics.get("averaged") or metrics.get("weights") == "ema":
         raise BackfillError(
-            f"{run}: its evaluation averaged checkpoints or used the EMA weights, which this "
+            f"{results}: its evaluation averaged checkpoints or used the EMA weights, which this "
             "does not rebuild; evaluate it again (python -m posenc.evaluation) instead"
         )
-    cfg = OmegaConf.load(run / "config.yaml")
+    standalone = (results / "eval_config.yaml").is_file()
+    run = results.parent.parent if standalone else results
+    cfg = OmegaConf.load(results / ("eval_config.yaml" if standalone else "config.yaml"))
     which = Path(str(metrics.get("checkpoint", ""))).stem
     tokenizer, model, step, _ = load_run_model(run, cfg, which, device)
     if step != metrics.get("step"):
         raise BackfillError(
-            f"{run}: {which}.pt is at step {step}, its evaluation at step {metrics.get('step')}; "
-            "evaluate the run again instead"
+            f"{results}: {which}.pt is at step {step}, its evaluation at step "
+            f"{metrics.get('step')}; evaluate the run again instead"
         )
     corpora = load_corpora(cfg.data, with_train=False)
-    for split in wanted:
-        corpus = evaluated_part(corpora[split], cfg.eval)
+    for key in wanted:
+        name, recorded = scored[key]
+        scorer = (
+            model
+            if name is None
+            else variant_model(cfg, cfg.eval.pe_variants[name], model, tokenizer, device)
+        )
+        corpus = evaluated_part(corpora[key.split(".")[0]], cfg.eval)
         sources = tokenizer.encode_batch(corpus.src)
         targets = tokenizer.encode_batch(corpus.tgt)
         nll, counts = sentence_losses(
-            model, tokenizer, sources, targets, cfg.eval.batch_tokens, device
+            scorer, tokenizer, sources, targets, cfg.eval.batch_tokens, device
         )
         losses = SentenceLosses([len(s) + 1 for s in sources], nll, counts)
-        recorded = metrics["splits"][split]
         if len(nll) != recorded.get("sentences") or abs(losses.loss - recorded["loss"]) > TOLERANCE:
             raise BackfillError(
-                f"{run}: {split} recomputes to {len(nll)} sentences at loss {losses.loss:.5f}, "
+                f"{results}: {key} recomputes to {len(nll)} sentences at loss {losses.loss:.5f}, "
                 f"but was evaluated on {recorded.get('sentences')} at {recorded['loss']}: the "
                 "data or the checkpoint changed since; evaluate the run again instead"
             )
-        write_losses(losses_file(run, split), losses)
+        write_losses(losses_file(results, key), losses)
     return wanted
 
 
-def run_dirs(paths: Sequence[Path]) -> list[Path]:
-    """The run directories among ``paths`` and directly under them (sweeps)."""
+def evaluations(paths: Sequence[Path]) -> list[Path]:
+    """The evaluations of the runs in ``paths`` (runs or sweeps, as the report finds them):
+    each run directory and each of its standalone evaluations (``evals/*/eval_config.yaml``)."""
     found = []
     for path in paths:
-        if (path / "config.yaml").is_file():
-            found.append(path)
-        else:
-            found.extend(sorted(p.parent for p in path.glob("*/config.yaml")))
+        for run in find_run_dirs(path, path / "report"):
+            found.append(run)
+            found.extend(sorted(p.parent for p in run.glob("evals/*/eval_config.yaml")))
     return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories")
+    parser.add_argument(
+        "paths", nargs="+", type=Path, help="run or sweep directories (their evals/ too)"
+    )
     parser.add_argument("--splits", default="test", help="comma-separated (default: test)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     splits = args.splits.split(",")
     refused = 0
-    for run in run_dirs(args.paths):
+    for run in evaluations(args.paths):
         try:
             written = backfill(run, splits, torch.device("cpu"))
         except (BackfillError, CheckpointError, DataError, OSError) as error:
