@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from posenc.analysis.report.runs import find_run_dirs
 from posenc.data.corpora import load_corpora
-from posenc.data.corpus import DataError
+from posenc.data.corpus import Corpus, DataError
 from posenc.evaluation.evaluate import evaluated_part
 from posenc.evaluation.sentence_losses import SentenceLosses, losses_file, write_losses
 from posenc.model.factory import load_run_model, variant_model
@@ -34,12 +34,18 @@ class BackfillError(ValueError):
     """A run whose sentence losses cannot be written to match its evaluation."""
 
 
-def backfill(results: Path, splits: Sequence[str], device: torch.device) -> list[str]:
+def backfill(
+    results: Path,
+    splits: Sequence[str],
+    device: torch.device,
+    corpora: dict[str, dict[str, Corpus]] | None = None,
+) -> list[str]:
     """Write the sentence losses of ``splits`` (those scored and lacking the file, test-time
     variants' ``split.NAME`` included) into ``results``: a run directory, scored by its own
     evaluation, or a standalone evaluation ``RUN/evals/NAME`` (its ``eval_config.yaml`` is the
     config it was made with); returns the splits written (none for a run not evaluated yet, whose
-    evaluation will write them).
+    evaluation will write them). ``corpora`` keeps the held-out splits read, by data settings,
+    for the next call (a sweep's runs share them).
 
     Raises:
         BackfillError: the evaluation averaged checkpoints or used the EMA, its checkpoint is at
@@ -75,7 +81,11 @@ def backfill(results: Path, splits: Sequence[str], device: torch.device) -> list
             f"{results}: {which}.pt is at step {step}, its evaluation at step "
             f"{metrics.get('step')}; evaluate the run again instead"
         )
-    corpora = load_corpora(cfg.data, with_train=False)
+    data = OmegaConf.to_yaml(cfg.data)
+    cache = {} if corpora is None else corpora
+    if data not in cache:
+        cache[data] = load_corpora(cfg.data, with_train=False)
+    held_out = cache[data]
     for key in wanted:
         name, recorded = scored[key]
         scorer = (
@@ -83,7 +93,7 @@ def backfill(results: Path, splits: Sequence[str], device: torch.device) -> list
             if name is None
             else variant_model(cfg, cfg.eval.pe_variants[name], model, tokenizer, device)
         )
-        corpus = evaluated_part(corpora[key.split(".")[0]], cfg.eval)
+        corpus = evaluated_part(held_out[key.split(".")[0]], cfg.eval)
         sources = tokenizer.encode_batch(corpus.src)
         targets = tokenizer.encode_batch(corpus.tgt)
         nll, counts = sentence_losses(
@@ -122,12 +132,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     splits = args.splits.split(",")
     refused = 0
+    corpora: dict[str, dict[str, Corpus]] = {}
     for run in evaluations(args.paths):
         try:
-            written = backfill(run, splits, torch.device("cpu"))
+            written = backfill(run, splits, torch.device("cpu"), corpora)
         except (BackfillError, CheckpointError, DataError, OSError) as error:
             refused += 1
-            print(f"refused: {error}")
+            print(f"refused: {error}", flush=True)
             continue
-        print(f"{run}: {', '.join(written) if written else 'nothing to write'}")
+        print(f"{run}: {', '.join(written) if written else 'nothing to write'}", flush=True)
     return 1 if refused else 0
