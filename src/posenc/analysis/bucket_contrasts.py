@@ -215,7 +215,8 @@ def contrast_table(
     lines = [
         f"Sources of {bucket[0]}-{bucket[1] - 1} tokens ({n} sentences): {baseline}'s loss "
         f"{mean:.3f} ± {sd:.3f} nats per token; Δ = the system's minus {baseline}'s, per seed; "
-        f"p from {resamples:,} paired bootstrap resamples of the sentences, Holm over "
+        f"p from {resamples:,} paired bootstrap resamples of the sentences (its floor, "
+        f"{_p(2 / (resamples + 1))}, where no resample crossed zero), Holm over "
         f"{len(contrasts)} systems.",
         "",
         "system | seeds | loss | Δ (mean) | Δ per seed | effect (sd) | p | p (Holm) | verdict",
@@ -227,9 +228,13 @@ def contrast_table(
         effect = f"{c.effect:+.1f}" if c.effect is not None else "—"
         lines.append(
             f"{c.system} | {seeds} | {c.loss[0]:.3f} ± {c.loss[1]:.3f} | {c.mean:+.3f} | "
-            f"{per_seed} | {effect} | {c.p:.4f} | {c.p_holm:.4f} | {c.verdict}"
+            f"{per_seed} | {effect} | {_p(c.p)} | {_p(c.p_holm)} | {c.verdict}"
         )
     return "\n".join(lines)
+
+
+def _p(p: float) -> str:
+    return f"{p:.4f}" if p >= 0.001 else f"{p:.1e}"
 
 
 def parse_bucket(text: str) -> tuple[int, int]:
