@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.analysis.report.runs import find_run_dirs, read_curves
+from posenc.analysis.report.runs import read_curves
 from posenc.runtime.files import read_json
+from posenc.runtime.rundir import find_run_dirs
 
 
 def loss_at(curve: tuple[np.ndarray, np.ndarray], seconds: float) -> float:

@@ -1,8 +1,9 @@
-"""Whether a system's test loss on a source-length bucket differs from a baseline's beyond the
-noise of the test sentences and of the training seeds, from each run's sentence losses
-(:mod:`posenc.evaluation.sentence_losses`).
+"""Loss differences on a source-length bucket, tested over the sentences and the seeds.
 
-For every system against the baseline (nonepe, say), on the bucket's sentences:
+Whether a system's test loss on the bucket differs from a baseline's (the runs'
+``reference_pe`` unless named) beyond the noise of the test sentences and of the training seeds,
+from each run's sentence losses (:mod:`posenc.evaluation.sentence_losses`). For every system
+against the baseline, on the bucket's sentences:
 
 - per paired seed, the difference of the loss per target token, the system's minus the
   baseline's (both scored on the same references, so on the same tokens; negative = lower loss);
@@ -15,7 +16,7 @@ For every system against the baseline (nonepe, say), on the bucket's sentences:
   p < 0.05 and every paired seed, two at least, has its sign (DESIGN.md's rules; a loss has no
   second metric to agree with).
 
-``python scripts/bucket_contrasts.py SWEEP [--bucket 80-120] [--baseline nonepe]
+``python scripts/bucket_contrasts.py SWEEP [--bucket 80-120] [--baseline NAME]
 [--bootstrap 10000] [--eval NAME]`` prints the table; with ``--eval 'eval.pe_variants=*'
 --baseline rope`` it compares RoPE's test-time scalings (``rope [pi4]``) with RoPE itself.
 """
@@ -32,7 +33,7 @@ import numpy as np
 
 from posenc.analysis.penalty import done_runs, systems_of
 from posenc.analysis.report.findings import ALPHA, holm
-from posenc.analysis.report.runs import Entry
+from posenc.analysis.report.runs import Entry, reference_of
 from posenc.evaluation.sentence_losses import SentenceLosses, read_losses
 
 LOWER = "lower loss (finding)"
@@ -256,7 +257,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("sweep", type=Path, help="the sweep directory")
     parser.add_argument("--split", default="test", help="the split scored (default: test)")
     parser.add_argument("--bucket", default="80-120", help="LOW-HIGH source tokens incl. EOS")
-    parser.add_argument("--baseline", default="nonepe", help="the system compared against")
+    parser.add_argument(
+        "--baseline", default=None, help="the system compared against (default: reference_pe)"
+    )
     parser.add_argument("--bootstrap", type=int, default=10_000, help="resamples (10,000)")
     parser.add_argument("--seed", type=int, default=0, help="the resampling seed")
     parser.add_argument(
@@ -270,11 +273,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.sweep.is_dir():
         raise SystemExit(f"error: no sweep directory {args.sweep}; pass the sweep's folder")
     try:
-        systems = systems_of(done_runs(args.sweep, args.eval), args.split)
+        runs = done_runs(args.sweep, args.eval)
+        baseline = reference_of(runs, args.baseline)
+        systems = systems_of(runs, args.split)
         print(
-            contrast_table(
-                systems, args.baseline, parse_bucket(args.bucket), args.bootstrap, args.seed
-            )
+            contrast_table(systems, baseline, parse_bucket(args.bucket), args.bootstrap, args.seed)
         )
-    except ValueError as err:
+    except ValueError as err:  # ReportError among them
         raise SystemExit(f"error: {err}") from None

@@ -22,12 +22,12 @@ from posenc.analysis.report.runs import (
     DONE,
     Entry,
     Run,
-    find_run_dirs,
     group_runs,
     load_run,
     split_entries,
 )
 from posenc.analysis.report.stats import Stats, bucket_label, mean_std
+from posenc.runtime.rundir import find_run_dirs
 
 #: a length bucket: (first source length in it, first one past it), in tokens incl. EOS
 Bucket = tuple[int, int]

@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from posenc.analysis.report.runs import find_run_dirs
 from posenc.data.corpora import load_corpora
 from posenc.data.corpus import Corpus, DataError
 from posenc.evaluation.evaluate import evaluated_part
 from posenc.evaluation.sentence_losses import SentenceLosses, losses_file, write_losses
 from posenc.model.factory import load_run_model, variant_model
 from posenc.runtime.checkpoint import CheckpointError
+from posenc.runtime.rundir import find_run_dirs
 from posenc.training.losses import sentence_losses
 
 #: how far the recomputed loss may be from the recorded one (kept to 5 decimals; another thread

@@ -145,3 +145,16 @@ def cut_name(readable: str, suffix: str) -> str:
     suffix = suffix or "@" + digest({"name": readable})
     room = MAX_NAME_BYTES - len(suffix) - len("+more")
     return readable.encode()[:room].decode(errors="ignore") + "+more" + suffix
+
+
+def find_run_dirs(sweep: Path, out: Path) -> list[Path]:
+    """Directories under ``sweep`` (itself included) with a ``config.yaml``, sorted, except
+    Hydra's hidden ``.hydra/`` copies, standalone evaluations (``evals/``) and the report's own
+    directory ``out``."""
+    found = []
+    for config in sorted(sweep.rglob("config.yaml")):
+        parts = config.parent.relative_to(sweep).parts
+        if any(p.startswith(".") or p == "evals" for p in parts) or out in config.parents:
+            continue
+        found.append(config.parent)
+    return found

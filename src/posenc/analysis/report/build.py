@@ -14,7 +14,6 @@ from posenc.analysis.report.html import write_html
 from posenc.analysis.report.render import Heading, Table, Text, Writer, palette
 from posenc.analysis.report.runs import (
     ReportError,
-    find_run_dirs,
     first_line,
     group_runs,
     load_run,
@@ -38,6 +37,7 @@ from posenc.runtime.hparams import (
     write_all_sweeps_experiment,
     write_sweep_experiment,
 )
+from posenc.runtime.rundir import find_run_dirs
 from posenc.runtime.untrusted import UntrustedFileError
 
 

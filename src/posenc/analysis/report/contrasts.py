@@ -29,12 +29,12 @@ from posenc.analysis.report.findings import (
 from posenc.analysis.report.runs import (
     Entry,
     ReportError,
-    find_run_dirs,
     group_runs,
     load_run,
     split_entries,
 )
 from posenc.analysis.report.stats import best_mean_bleu, paired_bootstrap, pooled, seed_texts
+from posenc.runtime.rundir import find_run_dirs
 
 METRICS = ("bleu", "chrf")
 MISSING = "not in the sweep"

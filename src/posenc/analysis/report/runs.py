@@ -208,19 +208,6 @@ def _csv_points(path: Path) -> Points:
     return points
 
 
-def find_run_dirs(sweep: Path, out: Path) -> list[Path]:
-    """Directories under ``sweep`` (itself included) with a ``config.yaml``, sorted, except
-    Hydra's hidden ``.hydra/`` copies, standalone evaluations (``evals/``) and the report's own
-    directory ``out``."""
-    found = []
-    for config in sorted(sweep.rglob("config.yaml")):
-        parts = config.parent.relative_to(sweep).parts
-        if any(p.startswith(".") or p == "evals" for p in parts) or out in config.parents:
-            continue
-        found.append(config.parent)
-    return found
-
-
 #: the settings the report turns into numbers (``pe.name``, a string, is checked by
 #: :func:`read_config`)
 REPORTED_SETTINGS = Fields({}, {"seed": INT})
