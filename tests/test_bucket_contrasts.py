@@ -51,27 +51,24 @@ def systems_of(tmp_path, shifts: dict[str, list[float]], sd: float = 0.5) -> dic
 def test_lower_loss_on_every_seed_beyond_the_sentence_noise_is_a_finding(tmp_path):
     systems = systems_of(
         tmp_path,
-        {"base": [0, 0, 0], "better": [-0.2, -0.25, -0.2], "worse": [0.3, 0.2, 0.3]},
+        {"base": [0, 0, 0], "tuned": [-0.2, -0.25, -0.2], "broken": [0.3, 0.2, 0.3]},
     )
-    found = {c.system: c for c in bucket_contrasts(systems, "base", (80, 120), 2000)}
-    assert found["better"].verdict == LOWER and found["worse"].verdict == HIGHER
-    assert found["better"].per_seed == pytest.approx((-0.2, -0.25, -0.2))
-    assert found["better"].mean == pytest.approx(-0.65 / 3)
-    assert [c.system for c in bucket_contrasts(systems, "base", (80, 120), 2000)] == [
-        "better",
-        "worse",
-    ]
+    found = {c.system: c for c in bucket_contrasts(systems, "base", (80, 120), 2000).contrasts}
+    assert found["tuned"].verdict == LOWER and found["broken"].verdict == HIGHER
+    assert found["tuned"].per_seed == pytest.approx((-0.2, -0.25, -0.2))
+    assert found["tuned"].mean == pytest.approx(-0.65 / 3)
+    assert list(found) == ["tuned", "broken"]  # lowest loss first, not by name
 
 
 def test_a_difference_that_changes_sign_between_seeds_is_not_a_finding(tmp_path):
     systems = systems_of(tmp_path, {"base": [0, 0, 0], "mixed": [-0.4, -0.4, 0.1]})
-    (mixed,) = bucket_contrasts(systems, "base", (80, 120), 2000)
+    (mixed,) = bucket_contrasts(systems, "base", (80, 120), 2000).contrasts
     assert mixed.p_holm < 0.05 and mixed.verdict == NOT_EVERY_SEED
 
 
 def test_one_seed_is_never_a_finding(tmp_path):
     systems = systems_of(tmp_path, {"base": [0], "better": [-0.3]})
-    (better,) = bucket_contrasts(systems, "base", (80, 120), 2000)
+    (better,) = bucket_contrasts(systems, "base", (80, 120), 2000).contrasts
     assert better.verdict == ONE_SEED and better.effect is None
 
 
@@ -80,13 +77,15 @@ def test_sentence_noise_larger_than_the_difference_is_within_noise(tmp_path):
     base = systems_of(tmp_path, {"base": [0, 0]}, sd=0.0)["base"]
     rng = np.random.default_rng(7)
     other = [entry(tmp_path, "other", s, 6.0 - 0.02 + rng.normal(0, 2, 100)) for s in (0, 1)]
-    (contrast,) = bucket_contrasts({"base": base, "other": other}, "base", (80, 120), 2000)
+    (contrast,) = bucket_contrasts(
+        {"base": base, "other": other}, "base", (80, 120), 2000
+    ).contrasts
     assert contrast.verdict == NOISE and contrast.p > 0.05
 
 
 def test_holm_multiplies_the_smallest_p_by_the_number_of_systems(tmp_path):
     shifts = {"base": [0, 0]} | {f"s{i}": [-0.01, -0.01] for i in range(4)}
-    contrasts = bucket_contrasts(systems_of(tmp_path, shifts), "base", (80, 120), 500)
+    contrasts = bucket_contrasts(systems_of(tmp_path, shifts), "base", (80, 120), 500).contrasts
     smallest = min(contrasts, key=lambda c: c.p)
     assert smallest.p_holm == pytest.approx(min(1.0, 4 * smallest.p))
 
@@ -113,13 +112,13 @@ def test_only_the_bucket_counts(tmp_path):
     ]
     short_worse = np.concatenate([np.full(40, 9.0), np.full(60, 6.0)])  # worse on short only
     other = [entry(tmp_path, "other", s, short_worse) for s in (0, 1)]
-    (contrast,) = bucket_contrasts({"base": base, "other": other}, "base", (80, 120), 200)
+    (contrast,) = bucket_contrasts({"base": base, "other": other}, "base", (80, 120), 200).contrasts
     assert contrast.mean == 0.0
 
 
 def test_the_table_names_the_bucket_the_baseline_and_the_correction(tmp_path):
     systems = systems_of(tmp_path, {"base": [0, 0], "better": [-0.3, -0.3]})
-    table = contrast_table(systems, "base", (80, 120), 500)
+    table = contrast_table(bucket_contrasts(systems, "base", (80, 120), 500))
     assert "Sources of 80-119 tokens (60 sentences): base's loss" in table
     assert "Holm over 1 systems" in table and f"| {LOWER}" in table
 

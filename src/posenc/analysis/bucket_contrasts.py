@@ -34,6 +34,7 @@ import numpy as np
 from posenc.analysis.penalty import done_runs, systems_of
 from posenc.analysis.report.findings import ALPHA, holm
 from posenc.analysis.report.runs import Entry, reference_of
+from posenc.analysis.report.stats import Stats, mean_std
 from posenc.evaluation.sentence_losses import SentenceLosses, read_losses
 
 LOWER = "lower loss (finding)"
@@ -55,10 +56,24 @@ class BucketContrast:
     per_seed: tuple[float, ...]
     mean: float
     effect: float | None
-    loss: tuple[float, float]
+    loss: Stats
     p: float
     p_holm: float
     verdict: str
+
+
+@dataclass(frozen=True)
+class BucketComparison:
+    """Every system against ``baseline`` on ``bucket`` (``sentences`` in it): the baseline's
+    ``loss`` over its seeds (mean, sd, n) and the ``contrasts``, lowest loss first, their p from
+    ``resamples`` bootstrap resamples."""
+
+    bucket: tuple[int, int]
+    baseline: str
+    sentences: int
+    loss: Stats
+    contrasts: list[BucketContrast]
+    resamples: int
 
 
 def in_bucket(losses: SentenceLosses, bucket: tuple[int, int]) -> np.ndarray:
@@ -111,9 +126,9 @@ def bucket_contrasts(
     bucket: tuple[int, int],
     resamples: int = 10_000,
     seed: int = 0,
-) -> list[BucketContrast]:
+) -> BucketComparison:
     """Every system of ``systems`` with seeds in common with ``baseline`` against it on
-    ``bucket``, ordered by the mean difference (lowest loss first).
+    ``bucket``.
 
     Raises:
         ValueError: the baseline is not among the systems, a run lacks its sentence losses,
@@ -132,12 +147,17 @@ def bucket_contrasts(
         if system != baseline and any(e.run.seed in base for e in entries)
     ]
     adjusted = holm({c.system: c.p for c in contrasts})
-    return sorted(
-        (
-            replace(c, p_holm=adjusted[c.system], verdict=_verdict(c.per_seed, adjusted[c.system]))
-            for c in contrasts
-        ),
-        key=lambda c: c.mean,
+    corrected = [
+        replace(c, p_holm=adjusted[c.system], verdict=_verdict(c.per_seed, adjusted[c.system]))
+        for c in contrasts
+    ]
+    return BucketComparison(
+        bucket,
+        baseline,
+        len(idx),
+        mean_std(_bucket_loss(losses, idx) for losses in base.values()),
+        sorted(corrected, key=lambda c: c.mean),
+        resamples,
     )
 
 
@@ -171,7 +191,7 @@ def _contrast(
         per_seed,
         mean,
         mean / pooled if pooled else None,
-        (statistics.fmean(own), statistics.stdev(own) if len(own) > 1 else 0.0),
+        mean_std(own),
         p,
         p,
         "",
@@ -190,40 +210,22 @@ def _verdict(per_seed: Sequence[float], p_holm: float) -> str:
     return NOT_EVERY_SEED
 
 
-def baseline_loss(
-    systems: dict[str, list[Entry]], baseline: str, bucket: tuple[int, int]
-) -> tuple[float, float]:
-    """The baseline's loss on ``bucket``: (mean, sd over its seeds)."""
-    values = []
-    for entry in systems[baseline]:
-        losses = _losses(entry)
-        values.append(_bucket_loss(losses, in_bucket(losses, bucket)))
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def contrast_table(
-    systems: dict[str, list[Entry]],
-    baseline: str,
-    bucket: tuple[int, int],
-    resamples: int = 10_000,
-    seed: int = 0,
-) -> str:
-    """The markdown table of :func:`bucket_contrasts`, the baseline's loss in a line above."""
-    contrasts = bucket_contrasts(systems, baseline, bucket, resamples, seed)
-    mean, sd = baseline_loss(systems, baseline, bucket)
-    first = next(iter(systems[baseline]))
-    n = len(in_bucket(_losses(first), bucket))
+def contrast_table(comparison: BucketComparison) -> str:
+    """The markdown table of a :class:`BucketComparison`, the baseline's loss in a line above."""
+    low, high = comparison.bucket
+    resamples = comparison.resamples
+    mean, sd, _ = comparison.loss
     lines = [
-        f"Sources of {bucket[0]}-{bucket[1] - 1} tokens ({n} sentences): {baseline}'s loss "
-        f"{mean:.3f} ± {sd:.3f} nats per token; Δ = the system's minus {baseline}'s, per seed; "
-        f"p from {resamples:,} paired bootstrap resamples of the sentences (its floor, "
-        f"{_p(2 / (resamples + 1))}, where no resample crossed zero), Holm over "
-        f"{len(contrasts)} systems.",
+        f"Sources of {low}-{high - 1} tokens ({comparison.sentences} sentences): "
+        f"{comparison.baseline}'s loss {mean:.3f} ± {sd:.3f} nats per token; Δ = the system's "
+        f"minus {comparison.baseline}'s, per seed; p from {resamples:,} paired bootstrap "
+        f"resamples of the sentences (its floor, {_p(2 / (resamples + 1))}, where no resample "
+        f"crossed zero), Holm over {len(comparison.contrasts)} systems.",
         "",
         "system | seeds | loss | Δ (mean) | Δ per seed | effect (sd) | p | p (Holm) | verdict",
         "--- | --- | --- | --- | --- | --- | --- | --- | ---",
     ]
-    for c in contrasts:
+    for c in comparison.contrasts:
         seeds = ", ".join(str(s) for s in c.seeds)
         per_seed = ", ".join(f"{d:+.3f}" for d in c.per_seed)
         effect = f"{c.effect:+.1f}" if c.effect is not None else "—"
@@ -276,8 +278,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         runs = done_runs(args.sweep, args.eval)
         baseline = reference_of(runs, args.baseline)
         systems = systems_of(runs, args.split)
-        print(
-            contrast_table(systems, baseline, parse_bucket(args.bucket), args.bootstrap, args.seed)
-        )
+        bucket = parse_bucket(args.bucket)
+        comparison = bucket_contrasts(systems, baseline, bucket, args.bootstrap, args.seed)
+        print(contrast_table(comparison))
     except ValueError as err:  # ReportError among them
         raise SystemExit(f"error: {err}") from None

@@ -18,12 +18,11 @@ from omegaconf import OmegaConf
 
 from posenc.data.corpora import load_corpora
 from posenc.data.corpus import Corpus, DataError
-from posenc.evaluation.evaluate import evaluated_part
-from posenc.evaluation.sentence_losses import SentenceLosses, losses_file, write_losses
+from posenc.evaluation.evaluate import evaluated_part, scored_losses
+from posenc.evaluation.sentence_losses import losses_file, write_losses
 from posenc.model.factory import load_run_model, variant_model
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.rundir import find_run_dirs
-from posenc.training.losses import sentence_losses
 
 #: how far the recomputed loss may be from the recorded one (kept to 5 decimals; another thread
 #: count sums in another order, which moves the 6th)
@@ -55,14 +54,15 @@ def backfill(
     if not metrics_path.is_file():
         return []  # not evaluated (yet): its evaluation will write the file
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
-    scored = {split: (None, metrics["splits"][split]) for split in metrics.get("splits", {})}
+    # file key (split, or split.VARIANT) -> (split, variant or None, its recorded scores)
+    scored = {split: (split, None, scores) for split, scores in metrics.get("splits", {}).items()}
     for name, variant in (metrics.get("variants") or {}).items():
         for split, scores in variant.get("splits", {}).items():
-            scored[f"{split}.{name}"] = (name, scores)
+            scored[f"{split}.{name}"] = (split, name, scores)
     wanted = [
         key
-        for key in scored
-        if key.split(".")[0] in splits and not losses_file(results, key).exists()
+        for key, (split, _, _) in scored.items()
+        if split in splits and not losses_file(results, key).exists()
     ]
     if not wanted:
         return []
@@ -86,23 +86,25 @@ def backfill(
     if data not in cache:
         cache[data] = load_corpora(cfg.data, with_train=False)
     held_out = cache[data]
+    encoded: dict[str, tuple[list[list[int]], list[list[int]]]] = {}
     for key in wanted:
-        name, recorded = scored[key]
+        split, name, recorded = scored[key]
+        if split not in encoded:
+            corpus = evaluated_part(held_out[split], cfg.eval)
+            encoded[split] = tokenizer.encode_batch(corpus.src), tokenizer.encode_batch(corpus.tgt)
         scorer = (
             model
             if name is None
             else variant_model(cfg, cfg.eval.pe_variants[name], model, tokenizer, device)
         )
-        corpus = evaluated_part(held_out[key.split(".")[0]], cfg.eval)
-        sources = tokenizer.encode_batch(corpus.src)
-        targets = tokenizer.encode_batch(corpus.tgt)
-        nll, counts = sentence_losses(
-            scorer, tokenizer, sources, targets, cfg.eval.batch_tokens, device
-        )
-        losses = SentenceLosses([len(s) + 1 for s in sources], nll, counts)
-        if len(nll) != recorded.get("sentences") or abs(losses.loss - recorded["loss"]) > TOLERANCE:
+        losses = scored_losses(scorer, tokenizer, *encoded[split], cfg.eval, device)
+        sentences = len(losses.nll)
+        if (
+            sentences != recorded.get("sentences")
+            or abs(losses.loss - recorded["loss"]) > TOLERANCE
+        ):
             raise BackfillError(
-                f"{results}: {key} recomputes to {len(nll)} sentences at loss {losses.loss:.5f}, "
+                f"{results}: {key} recomputes to {sentences} sentences at loss {losses.loss:.5f}, "
                 f"but was evaluated on {recorded.get('sentences')} at {recorded['loss']}: the "
                 "data or the checkpoint changed since; evaluate the run again instead"
             )

@@ -55,6 +55,19 @@ def evaluated_part(corpus: Corpus, eval_cfg: DictConfig) -> Corpus:
     return Corpus(corpus.name, corpus.src[:limit], corpus.tgt[:limit])
 
 
+def scored_losses(
+    model: Seq2Seq,
+    tokenizer: Tokenizer,
+    sources: list[list[int]],
+    targets: list[list[int]],
+    eval_cfg: DictConfig,
+    device: torch.device,
+) -> SentenceLosses:
+    """Each pair's teacher-forced loss as an evaluation keeps it (source lengths incl. EOS)."""
+    nll, counts = sentence_losses(model, tokenizer, sources, targets, eval_cfg.batch_tokens, device)
+    return SentenceLosses([len(s) + 1 for s in sources], nll, counts)
+
+
 def evaluate_split(
     model: Seq2Seq,
     tokenizer: Tokenizer,
@@ -75,15 +88,14 @@ def evaluate_split(
     hypotheses = tokenizer.decode_batch(ids)
     write_text(out_dir / f"hypotheses.{split}.txt", "\n".join(hypotheses) + "\n")
     write_text(out_dir / f"references.{split}.txt", "\n".join(corpus.tgt) + "\n")
-    nll, counts = sentence_losses(model, tokenizer, sources, targets, eval_cfg.batch_tokens, device)
-    source_tokens = [len(s) + 1 for s in sources]
-    write_losses(losses_file(out_dir, split), SentenceLosses(source_tokens, nll, counts))
+    losses = scored_losses(model, tokenizer, sources, targets, eval_cfg, device)
+    write_losses(losses_file(out_dir, split), losses)
     generated = sum(len(row) + 1 for row in ids)
     result: dict[str, Any] = {
         "sentences": len(hypotheses),
         **bleu_chrf(hypotheses, corpus.tgt),
         **bertscore(hypotheses, corpus.tgt).as_dict(),
-        "loss": round(sum(nll) / max(sum(counts), 1), 5),
+        "loss": round(losses.loss, 5),
         "decode_seconds": round(seconds, 3),
         "decode_tokens_per_s": round(generated / max(seconds, 1e-9), 1),
         "decode_sentences_per_s": round(len(ids) / max(seconds, 1e-9), 2),
@@ -96,11 +108,11 @@ def evaluate_split(
         "empty_hypotheses": sum(not h.strip() for h in hypotheses),
         "buckets": length_buckets(
             list(eval_cfg.length_buckets),
-            source_tokens,
+            losses.source_tokens,
             hypotheses,
             corpus.tgt,
-            nll,
-            counts,
+            losses.nll,
+            losses.target_tokens,
         ),
     }
     if result["empty_hypotheses"] * 2 > len(hypotheses):
