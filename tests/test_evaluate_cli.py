@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 from conftest import SMOKE, compose
 from omegaconf import OmegaConf
 
 from posenc.analysis.report.build import main as report_main
+from posenc.analysis.report.runs import UNFINISHED, load_run
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
 
@@ -134,3 +136,17 @@ def test_test_time_variants_can_be_asked_for_standalone(trained):
     report = (report_dir / "report.md").read_text()
     assert "pe_variants.pi2.scaling=linear" in report and "pe_variants={}" not in report
     assert "rope [pi2]" in report
+
+
+def test_a_run_without_the_named_evaluation_says_whether_it_can_still_get_one(trained, tmp_path):
+    """Under ``--eval``, a trained run lacking that evaluation is unfinished, and the note says
+    when it has no checkpoint left to evaluate (it was trained on another machine, say)."""
+    kept = load_run(trained, trained.parent, "eval.beam_size=9,step=*")
+    assert (
+        kept.status == UNFINISHED
+        and kept.message == "trained, no evaluation eval.beam_size=9,step=*"
+    )
+    copy = tmp_path / "pe=rope"
+    shutil.copytree(trained, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    lost = load_run(copy, tmp_path, "eval.beam_size=9,step=*")
+    assert lost.message.endswith("(no checkpoint to evaluate)")

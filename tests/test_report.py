@@ -26,6 +26,7 @@ from posenc.analysis.report.curves import (
     swaps_against_noise,
 )
 from posenc.analysis.report.render import SECTIONS, Table, slug
+from posenc.analysis.report.runs import DONE as SCORED
 from posenc.analysis.report.runs import (
     ReportError,
     Run,
@@ -600,3 +601,19 @@ def test_bucket_tables_give_the_seeds_spread_beside_the_mean(report, sweep):
     loss_table = buckets.split("Loss by source length", 1)[1]
     assert " ± " in table_row(loss_table, "nonepe")[1]
     assert " ± " not in table_row(loss_table, "rope")[1]
+
+
+def test_a_run_not_yet_scored_by_the_named_evaluation_stays_in_its_encodings_group():
+    """With ``--eval`` naming a beam-5 evaluation, the runs that have it carry its decoding
+    settings and the one still without it carries training's (beam 1): the difference is no
+    system of its own, while a decoding setting that differs between scored runs is one."""
+    scored = {"pe.name": "rope", "eval.beam_size": 5}
+    runs = [
+        Run("a", Path("a"), {**scored, "seed": 0}, SCORED),
+        Run("b", Path("b"), {**scored, "seed": 1}, SCORED),
+        Run("c", Path("c"), {**scored, "eval.beam_size": 1, "seed": 2}),  # unfinished
+    ]
+    assert [group.label for group in group_runs(runs)] == ["rope"]
+    runs[2].status = SCORED
+    labels = [group.label for group in group_runs(runs)]
+    assert labels == ["rope (eval.beam_size=5)", "rope (eval.beam_size=1)"]

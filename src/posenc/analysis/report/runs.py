@@ -30,6 +30,7 @@ from posenc.config.variants import (
     variant_label,
 )
 from posenc.evaluation.sentence_losses import losses_file
+from posenc.runtime.rundir import RunDir
 from posenc.runtime.sinks import LEGACY_TIME_PREFIX, TIME_PREFIX
 from posenc.runtime.untrusted import (
     INT,
@@ -290,6 +291,8 @@ def _read_status(run: Run, evaluation: str | None) -> None:
         run.message = (
             f"trained, no evaluation {evaluation}" if evaluation else "trained, not evaluated"
         )
+        if not any(p.is_file() for p in (RunDir(run.path).best, RunDir(run.path).last)):
+            run.message += " (no checkpoint to evaluate)"
     elif run.last_step is not None:
         run.message = f"running or interrupted; last validation at step {run.last_step}"
     else:
@@ -362,10 +365,17 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
     between the healthy runs (a model size, say) make separate groups, labelled ``pe
     (key=value, ...)``, and so do ``pe.*`` settings that differ between runs of the same
     encoding (an encoder form, say), named where a run leaves the encoding's ``configs/pe``
-    default (so the default form is labelled by its name alone). Sets each run's ``label``;
-    the groups come in the order of their first run, each group's runs by seed."""
+    default (so the default form is labelled by its name alone). Decoding settings (``eval.*``)
+    separate only runs that were scored: a run still without the evaluation the report reads
+    (``--eval``) stays in its encoding's group, listed as unfinished. Sets each run's
+    ``label``; the groups come in the order of their first run, each group's runs by seed."""
     healthy = [r for r in runs if r.status != FAILED]
-    variant_keys = [k for k in differing_keys(healthy) if _is_variant_key(k)]
+    scored_differences = set(differing_keys([r for r in runs if r.status == DONE]))
+    variant_keys = [
+        k
+        for k in differing_keys(healthy)
+        if _is_variant_key(k) and (not k.startswith("eval.") or k in scored_differences)
+    ]
     pe_keys = {
         pe: [
             k
