@@ -5,38 +5,55 @@
         --splits test,tatoeba --bootstrap 10000 --out contrasts.md
 
 Systems are named as the sweep's report labels them (``rope (pe.cross_attention=rotated)``).
+``--decoding NAME`` instead sets every system under its runs' standalone evaluation
+``RUN/evals/NAME`` (beam 5, say; a glob pattern may name it) against their own evaluation::
+
+    python scripts/contrasts.py SWEEP --decoding 'eval.beam_size=5,step=*' \
+        --splits test,tatoeba --bootstrap 10000 --out decoding.md
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from posenc.analysis.report.contrasts import contrasts_markdown, sweep_contrasts
+from posenc.analysis.report.contrasts import (
+    contrasts_markdown,
+    decoding_contrasts,
+    decoding_markdown,
+    sweep_contrasts,
+)
 from posenc.analysis.report.runs import ReportError
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("sweep", type=Path)
-    parser.add_argument(
-        "--pair", nargs=2, action="append", required=True, metavar=("FIRST", "SECOND")
+    family = parser.add_mutually_exclusive_group(required=True)
+    family.add_argument("--pair", nargs=2, action="append", metavar=("FIRST", "SECOND"))
+    family.add_argument(
+        "--decoding",
+        metavar="NAME",
+        help="every system under its runs' standalone evaluation NAME against their own",
     )
     parser.add_argument("--splits", default="test", help="comma-separated")
     parser.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples")
     parser.add_argument("--eval", help="score each run's standalone evaluation RUN/evals/NAME")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args()
+    if args.decoding and args.eval:
+        parser.error("--decoding compares a standalone evaluation with the runs' own: no --eval")
+    sweep, splits = args.sweep.expanduser().resolve(), args.splits.split(",")
     try:
-        rows = sweep_contrasts(
-            args.sweep.expanduser().resolve(),
-            [tuple(pair) for pair in args.pair],
-            args.splits.split(","),
-            args.bootstrap,
-            args.eval,
-        )
+        if args.decoding:
+            comparison = decoding_contrasts(sweep, args.decoding, splits, args.bootstrap)
+            lines = decoding_markdown(comparison, args.bootstrap)
+        else:
+            pairs = [tuple(pair) for pair in args.pair]
+            rows = sweep_contrasts(sweep, pairs, splits, args.bootstrap, args.eval)
+            lines = contrasts_markdown(rows, args.bootstrap)
     except ReportError as err:
         sys.exit(f"contrasts: {err}")
-    text = "\n".join(contrasts_markdown(rows, args.bootstrap)) + "\n"
+    text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text, encoding="utf-8")
     print(text, end="")

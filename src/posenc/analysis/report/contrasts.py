@@ -7,14 +7,20 @@ difference on each of those seeds, BLEU and chrF, with Holm's correction over ev
 split of the family asked for at once. It is a finding (``"<name> ahead"``) when the leader is
 ahead on both metrics, on every paired seed, after the correction, on a split above the noise
 floor; otherwise the verdict says which rule it failed.
+
+A decoding contrast (:func:`decoding_contrasts`) sets every system under a standalone evaluation
+of its runs (``RUN/evals/NAME``: beam 5, say) against the same runs' own evaluation (greedy),
+judged by the same rules, and says whether the ranking of the systems changes.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from posenc.analysis.report.curves import kendall_tau
 from posenc.analysis.report.findings import (
     DISAGREE,
     NOISE,
@@ -27,13 +33,17 @@ from posenc.analysis.report.findings import (
     verdict,
 )
 from posenc.analysis.report.runs import (
+    DONE,
     Entry,
+    Group,
     ReportError,
+    Run,
     group_runs,
     load_run,
     split_entries,
 )
 from posenc.analysis.report.stats import best_mean_bleu, paired_bootstrap, pooled, seed_texts
+from posenc.config.variants import settings_text
 from posenc.runtime.rundir import find_run_dirs
 
 METRICS = ("bleu", "chrf")
@@ -127,12 +137,7 @@ def sweep_contrasts(
     Raises:
         ReportError: no run under ``sweep``, or ``samples`` is not positive.
     """
-    if samples < 1:
-        raise ReportError(f"--bootstrap must be a positive number of resamples, not {samples}")
-    runs = [load_run(path, sweep, evaluation) for path in find_run_dirs(sweep, sweep / "report")]
-    if not runs:
-        raise ReportError(f"no run directory (one with a config.yaml) under {sweep}")
-    groups = group_runs(runs)
+    groups = group_runs(_sweep_runs(sweep, samples, evaluation))
     rows, best = [], {}
     for split in splits:
         systems = split_entries(groups, split)
@@ -140,6 +145,101 @@ def sweep_contrasts(
         rows += [contrast(systems, split, a, b, samples) for a, b in pairs]
     judge(rows, best)
     return rows
+
+
+@dataclass
+class DecodingComparison:
+    """Every system under ``decoding`` (the standalone evaluation's settings that differ from
+    the runs' own, ``own``: ``eval.beam_size=5`` against ``eval.beam_size=1``) against its own
+    evaluation: one :class:`Contrast` per system and split (``first`` is the system under
+    ``decoding``: ``rope (eval.beam_size=5)``), judged together, and per split Kendall's tau
+    between the systems' rankings by mean BLEU under the two decodings over the seeds each
+    system has under both (None: fewer than two systems)."""
+
+    decoding: str
+    own: str
+    rows: list[Contrast]
+    tau: dict[str, float | None]
+
+
+def decoding_contrasts(
+    sweep: Path, evaluation: str, splits: Sequence[str], samples: int
+) -> DecodingComparison:
+    """Each system of ``sweep`` scored by its runs' standalone evaluation ``RUN/evals/
+    <evaluation>`` (a glob pattern may name it) against the same runs' own evaluation, on the
+    seeds that have both.
+
+    Raises:
+        ReportError: no run under ``sweep``, ``samples`` is not positive, or no run has the
+            evaluation.
+    """
+    own = group_runs(_sweep_runs(sweep, samples))
+    other = {r.path: r for r in _sweep_runs(sweep, samples, evaluation)}
+    scored = [(r, other[r.path]) for g in own for r in g.runs if other[r.path].status == DONE]
+    if not scored:
+        raise ReportError(f"no run of {sweep} has the evaluation {evaluation!r}")
+    decoding = _decoding_name(*scored[0]) or evaluation
+    under = [
+        Group(_with(g, decoding), g.pe, g.variant, [other[r.path] for r in g.runs]) for g in own
+    ]
+    rows, best, tau = [], {}, {}
+    for split in splits:
+        systems = split_entries(own, split)
+        decoded = split_entries(under, split)
+        best[split] = max((best_mean_bleu(s) or 0.0 for s in (systems, decoded) if s), default=0.0)
+        pairs = [(g.label, u.label) for g, u in zip(own, under, strict=True) if u.label in decoded]
+        split_rows = [contrast(systems | decoded, split, b, a, samples) for a, b in pairs]
+        rows += split_rows
+        tau[split] = ranking_agreement(systems, decoded, pairs, split_rows)
+    judge(rows, best)
+    return DecodingComparison(decoding, _decoding_name(*scored[0][::-1]), rows, tau)
+
+
+def _sweep_runs(sweep: Path, samples: int, evaluation: str | None = None) -> list[Run]:
+    """Every run under ``sweep``, scored by ``evaluation`` when named.
+
+    Raises:
+        ReportError: no run under ``sweep``, or ``samples`` is not positive.
+    """
+    if samples < 1:
+        raise ReportError(f"--bootstrap must be a positive number of resamples, not {samples}")
+    runs = [load_run(path, sweep, evaluation) for path in find_run_dirs(sweep, sweep / "report")]
+    if not runs:
+        raise ReportError(f"no run directory (one with a config.yaml) under {sweep}")
+    return runs
+
+
+def _with(group: Group, decoding: str) -> str:
+    """The group's label with ``decoding`` among its settings: ``rope (pe.x=1, eval.k=5)``."""
+    return f"{group.pe} ({', '.join(s for s in (group.variant, decoding) if s)})"
+
+
+def _decoding_name(own: Run, other: Run) -> str:
+    """``eval.KEY=VALUE, ...``: the decoding settings in which a run's standalone evaluation
+    differs from its own."""
+    keys = sorted(k for k in other.config if k.startswith("eval.") and k != "eval.splits")
+    return settings_text({k: other.config[k] for k in keys if own.config.get(k) != other.config[k]})
+
+
+def ranking_agreement(
+    systems: dict[str, list[Entry]],
+    decoded: dict[str, list[Entry]],
+    pairs: Sequence[tuple[str, str]],
+    rows: Sequence[Contrast],
+) -> float | None:
+    """Kendall's tau between the systems' orders by mean BLEU under each decoding, each system's
+    means over the seeds of its contrast (None when fewer than two systems have any)."""
+    means: dict[str, tuple[float, float]] = {}
+    for (name, decoded_name), row in zip(pairs, rows, strict=True):
+        if row.seeds:
+            means[name] = tuple(  # type: ignore[assignment]
+                statistics.fmean(e.scores["bleu"] for e in entries if e.run.seed in row.seeds)
+                for entries in (systems[name], decoded[decoded_name])
+            )
+    if len(means) < 2:
+        return None
+    orders = [sorted(means, key=lambda n, i=i: -means[n][i]) for i in (0, 1)]
+    return kendall_tau(*orders)
 
 
 def contrasts_markdown(rows: Sequence[Contrast], samples: int) -> list[str]:
@@ -172,6 +272,23 @@ def contrasts_markdown(rows: Sequence[Contrast], samples: int) -> list[str]:
         "ahead on BLEU and chrF, on every paired seed (two at least), after the correction, on "
         f"a split whose best mean BLEU is at least {NOISE_FLOOR_BLEU:g}.",
     ]
+    return lines
+
+
+def decoding_markdown(comparison: DecodingComparison, samples: int) -> list[str]:
+    """The decoding contrasts as :func:`contrasts_markdown`'s table, then per split how many
+    systems each decoding leads beyond the noise and Kendall's tau between the rankings."""
+    lines = contrasts_markdown(comparison.rows, samples)
+    for split, tau in comparison.tau.items():
+        rows = [r for r in comparison.rows if r.split == split and r.differences is not None]
+        ahead = sum(r.verdict == f"{r.first} ahead" for r in rows)
+        behind = sum(r.verdict == f"{r.second} ahead" for r in rows)
+        agreement = "-" if tau is None else f"{tau:.2f}"
+        lines.append(
+            f"- {split}: {comparison.decoding} ahead of {comparison.own} for {ahead} of "
+            f"{len(rows)} systems, behind for {behind}, the rest no finding; Kendall's tau "
+            f"between the two rankings by mean BLEU: {agreement}."
+        )
     return lines
 
 
