@@ -52,10 +52,11 @@ REFERENCE_MAP = "references.json"  # a run's map from its shared files to their 
 
 def archived_files(run: Path, patterns: tuple[str, ...] = ARCHIVED) -> list[Path]:
     """The files of ``run`` matching ``patterns`` (default :data:`ARCHIVED`), relative to it,
-    sorted (links left out)."""
+    sorted (links left out, and hidden folders: an evaluation still running writes into
+    ``evals/.NAME.XXXX/``, renamed to ``evals/NAME/`` once complete)."""
     found: set[Path] = set()
     for folder in [run, *sorted((run / "evals").glob("*"))]:
-        if folder.is_symlink() or not folder.is_dir():
+        if folder.is_symlink() or not folder.is_dir() or folder.name.startswith("."):
             continue
         for pattern in patterns:
             found.update(

@@ -195,6 +195,9 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
         "evals/beam5/eval_config.yaml": "seed: 0\n",
         "checkpoints/last.pt": "weights",
         "tb/events.out": "events",
+        # an evaluation still running writes into a hidden folder renamed when it is complete
+        "evals/.beam5.x1y2/hypotheses.test.txt": "half a file",
+        "evals/.beam5.x1y2/references.test.txt": "the reference\n",
     }
     for name in ("done", "unfinished"):
         for path, text in files.items():
@@ -208,8 +211,12 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
     assert len(shared) == 1 and (archive / shared[0]).read_text() == "the reference\n"
     per_run = {"done/references.json", *shared}
     assert [p for p in kept if p not in per_run] == sorted(
-        f"done/{p}" for p in files if not p.startswith(("checkpoints", "tb", "references"))
+        f"done/{p}"
+        for p in files
+        if not p.startswith(("checkpoints", "tb", "references", "evals/."))
     )
+    references = json.loads((archive / "done" / "references.json").read_text())
+    assert list(references) == ["references.test.txt"]
     config = (archive / "done" / "config.yaml").read_text()
     assert config == "dir: ../shared/data\ncache_dir: ~/.cache\nvocab_file: ../shared/vocab.txt\n"
 
