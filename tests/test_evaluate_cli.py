@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import signal
 
 import pytest
 from conftest import SMOKE, compose
@@ -14,6 +16,7 @@ from omegaconf import OmegaConf
 
 from posenc.analysis.report.build import main as report_main
 from posenc.analysis.report.runs import UNFINISHED, load_run
+from posenc.evaluation import standalone
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
 
@@ -150,3 +153,22 @@ def test_a_run_without_the_named_evaluation_says_whether_it_can_still_get_one(tr
     shutil.copytree(trained, copy, ignore=shutil.ignore_patterns("checkpoints"))
     lost = load_run(copy, tmp_path, "eval.beam_size=9,step=*")
     assert lost.message.endswith("(no checkpoint to evaluate)")
+
+
+def test_a_stopped_evaluation_leaves_no_half_written_folder(trained, monkeypatch, capsys):
+    """``timeout`` (a study's budget) stops an evaluation with SIGTERM: the folder it was
+    writing is removed, it ends with one line and status 143, and the next call evaluates."""
+
+    def stopped_midway(cfg, run_dir, work, *args):
+        (work / "hypotheses.test.txt").write_text("half\n")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(standalone, "evaluate", stopped_midway)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_main([f"run_dir={trained}", "eval.beam_size=3"])
+    assert exit_info.value.code == 143
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "posenc.evaluation: stopped (SIGTERM); nothing half-written was kept"
+    ]
+    assert [p.name for p in (trained / "evals").iterdir() if "beam_size=3" in p.name] == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler goes back

@@ -1,5 +1,6 @@
 """How posenc's commands (standalone evaluation, translate, the report) end on an error: with one
-line on stderr, never a traceback. Ctrl-C exits with status 130, as a shell reports it; any
+line on stderr, never a traceback. Ctrl-C exits with status 130 and SIGTERM (``timeout``, a
+scheduler) with 143, as a shell reports them, each after the command's own cleanup ran; any
 other failure with status 1. ``POSENC_FULL_ERROR=1`` lets an unforeseen exception through with
 its traceback, for a bug report."""
 
@@ -7,8 +8,10 @@ from __future__ import annotations
 
 import difflib
 import os
+import signal
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,17 +27,32 @@ from posenc.config import CONFIG_DIR, Setting, flatten
 FULL_ERROR = "POSENC_FULL_ERROR"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: raised where the process is, like Ctrl-C, so its cleanup runs."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
 @contextmanager
 def one_line_errors(
     command: str, known: tuple[type[Exception], ...] = (ValueError,)
 ) -> Iterator[None]:
     """Run the block; an exception leaving it ends the process with one line naming
     ``command``: a ``known`` error (one whose message names the problem and the fix) as it is,
-    any other as unexpected. ``SystemExit`` (a command's own refusal) passes unchanged."""
+    any other as unexpected. ``SystemExit`` (a command's own refusal) passes unchanged. In the
+    main thread SIGTERM raises :class:`Terminated` for the block (Python's default would end
+    the process without running any ``finally``, leaving half-written folders behind)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
     try:
         yield
     except known as err:
         raise SystemExit(f"{command}: {type(err).__name__}: {_first_line(err)}") from None
+    except Terminated:
+        print(f"{command}: stopped (SIGTERM); nothing half-written was kept", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
     except KeyboardInterrupt:
         print(f"{command}: interrupted (Ctrl-C); nothing half-written was kept", file=sys.stderr)
         sys.exit(130)
@@ -48,6 +66,9 @@ def one_line_errors(
             f"{command}: {type(err).__name__}: {_first_line(err)} (unexpected; {FULL_ERROR}=1 "
             "shows the traceback)"
         ) from None
+    finally:
+        if main:  # None: a handler not set from Python, which Python cannot put back
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _first_line(err: BaseException) -> str:
