@@ -291,7 +291,8 @@ def _read_status(run: Run, evaluation: str | None) -> None:
         run.message = (
             f"trained, no evaluation {evaluation}" if evaluation else "trained, not evaluated"
         )
-        if not any(p.is_file() for p in (RunDir(run.path).best, RunDir(run.path).last)):
+        checkpoints = RunDir(run.path)
+        if not (checkpoints.best.is_file() or checkpoints.last.is_file()):
             run.message += " (no checkpoint to evaluate)"
     elif run.last_step is not None:
         run.message = f"running or interrupted; last validation at step {run.last_step}"
