@@ -242,6 +242,10 @@ class ModelConfig(ConfigGroup):
     share_embeddings: bool = setting("bool", default=True)
     tie_output: bool = setting("bool", default=True)
     scale_embedding: bool = setting("bool", default=True)
+    # null (absent): d_model^-1/2; a run saved before it existed keeps its identity
+    embed_init_std: float | None = setting(
+        "number", low=0, low_open=True, optional=True, default=None
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -169,13 +169,14 @@ class Seq2Seq(Translator):
         self.output = nn.Linear(d, vocab_size, bias=False)
         if config.tie_output:
             self.output.weight = self.tgt_embed.weight
-        self._init_embeddings()
+        self._init_embeddings(config.embed_init_std)
 
-    def _init_embeddings(self) -> None:
-        """Embeddings (and an untied output matrix) ~ N(0, d^-1/2), padding row zero."""
+    def _init_embeddings(self, embed_std: float | None) -> None:
+        """Embeddings ~ N(0, ``embed_std``) (default d^-1/2), padding row zero; an untied output
+        matrix ~ N(0, d^-1/2)."""
         d = self.src_embed.embedding_dim
         for emb in {self.src_embed, self.tgt_embed}:
-            nn.init.normal_(emb.weight, std=d**-0.5)
+            nn.init.normal_(emb.weight, std=d**-0.5 if embed_std is None else embed_std)
             with torch.no_grad():
                 emb.weight[self.pad_id].zero_()
         if self.output.weight is not self.tgt_embed.weight:
