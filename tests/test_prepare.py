@@ -229,3 +229,27 @@ def test_the_toy_task_prepares_the_pairs_the_loader_gives(tmp_path):
     )
     store = open_store(directory)
     assert rows(store.src) == src and rows(store.tgt) == tgt
+
+
+def test_the_worker_pool_ends_under_trainings_stop_handler():
+    """Training prepares its corpus with its SIGINT/SIGTERM handler installed (a signal only
+    asks to stop after the step). Forked workers must not keep it: a pool that ends early (the
+    writer failed) stops its busy workers with SIGTERM, which such a handler would swallow, and
+    the run would wait for them forever."""
+    code = (
+        "import time\n"
+        "from posenc.data.prepare import _workers\n"
+        "from posenc.training.interrupt import StopRequests\n"
+        "def slow(x):\n"
+        "    time.sleep(0.5)\n"
+        "    return x\n"
+        "with StopRequests().installed():\n"
+        "    try:\n"
+        "        with _workers(2) as pool:\n"
+        "            for _ in pool.imap(slow, range(10)):\n"
+        "                raise RuntimeError('the writer failed')\n"
+        "    except RuntimeError:\n"
+        "        print('ended')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], timeout=60, capture_output=True)
+    assert done.stdout == b"ended\n", done.stderr.decode()[-500:]

@@ -21,6 +21,7 @@ import logging
 import mmap
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -239,11 +240,20 @@ def _encoded_chunk(start: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     return src, tgt
 
 
+def _worker_signals() -> None:
+    """A worker's signals: SIGTERM ends it (the pool ends its workers so), Ctrl-C is the
+    preparing process's to handle. A fork inherits the parent's handlers, and training's,
+    installed while it prepares its corpus, would swallow the pool's SIGTERM: the run would wait
+    for its workers forever."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def _workers(count: int) -> Iterator[Any]:
     """A pool of ``count`` forked worker processes (None below two). Each tokenises with one
     thread (``tokenizers`` turns its own parallelism off after a fork; the variable set around
-    the fork says so instead of a warning)."""
+    the fork says so instead of a warning) and has :func:`_worker_signals`."""
     if count < 2:
         yield None
         return
@@ -252,7 +262,7 @@ def _workers(count: int) -> Iterator[Any]:
     before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        pool = multiprocessing.get_context("fork").Pool(count)
+        pool = multiprocessing.get_context("fork").Pool(count, initializer=_worker_signals)
     finally:
         if before is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
