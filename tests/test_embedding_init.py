@@ -10,7 +10,6 @@ from conftest import ROOT, pe_config
 from omegaconf import OmegaConf
 
 from posenc.config import ModelConfig
-from posenc.config.identity import training_identity
 from posenc.model.encodings import encoding_factory
 from posenc.model.seq2seq import Seq2Seq
 
@@ -38,15 +37,6 @@ def test_model_seed_initialises_as_the_seed_reports_code_and_others_keep_the_def
     assert OmegaConf.load(ROOT / "configs" / "model" / "seed.yaml").embed_init_std == 1.0
     for name in ("cpu", "tiny", "small", "base"):
         assert OmegaConf.load(ROOT / "configs" / "model" / f"{name}.yaml").embed_init_std is None
-
-
-def test_the_default_leaves_earlier_runs_identity_unchanged():
-    before = {"model": {"d_model": 64}, "seed": 0}
-    after = {"model": {"d_model": 64, "embed_init_std": None}, "seed": 0}
-    assert training_identity(before) == training_identity(after)
-    assert training_identity({**after, "model": {"d_model": 64, "embed_init_std": 1.0}}) != (
-        training_identity(before)
-    )
 
 
 def test_a_non_positive_deviation_is_refused_in_one_line():
