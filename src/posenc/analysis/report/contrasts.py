@@ -22,10 +22,7 @@ from pathlib import Path
 
 from posenc.analysis.report.curves import kendall_tau
 from posenc.analysis.report.findings import (
-    DISAGREE,
-    NOISE,
     NOISE_FLOOR_BLEU,
-    UNINFORMATIVE,
     WORSE,
     SeedDifference,
     holm,
@@ -108,9 +105,6 @@ def judge(rows: Sequence[Contrast], best_bleu: dict[str, float]) -> None:
         }
         floor = best_bleu.get(row.split, 0.0) < NOISE_FLOOR_BLEU
         said = verdict(row.p_values, ahead, floor)
-        opposite = (ahead["chrf"].mean or 0.0) < 0  # chrF puts the other system ahead
-        if said not in (UNINFORMATIVE, NOISE) and opposite:
-            said = DISAGREE
         row.verdict = f"{row.leader} ahead" if said == WORSE else said
 
 

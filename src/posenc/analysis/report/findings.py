@@ -82,13 +82,18 @@ def verdict(
     floor: bool,
 ) -> str:
     """The verdict on one system against the baseline from its Holm-adjusted bootstrap p-values
-    and seed differences on ``bleu`` and ``chrf``; ``floor``: the split is at the noise floor."""
+    and seed differences on ``bleu`` and ``chrf`` (the baseline's score minus the system's);
+    ``floor``: the split is at the noise floor. The metrics disagree when only one is
+    significant or when both are and their mean differences point opposite ways."""
     if floor:
         return UNINFORMATIVE
     significant = {m: p is not None and p < ALPHA for m, p in p_adjusted.items()}
     if not any(significant.values()):
         return NOISE
     if not all(significant.values()):
+        return DISAGREE
+    means = [differences[m].mean for m in p_adjusted if differences[m].mean is not None]
+    if len({mean > 0 for mean in means}) > 1:
         return DISAGREE
     if all(differences[m].every_seed for m in p_adjusted):
         return WORSE
