@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 from matplotlib.container import BarContainer
 
-from posenc.analysis.report.curves import aggregate_curves, common_range, tails, trailing_mean
+from posenc.analysis.report.curves import (
+    aggregate_curves,
+    common_range,
+    smoothing_span,
+    tails,
+    trailing_mean,
+)
 from posenc.analysis.report.figures import (
     limit_lines,
     plot_buckets,
@@ -96,9 +102,19 @@ def test_a_run_validated_once_shows_its_training_loss_curve(tmp_path):
 
 
 def test_the_training_loss_is_a_trailing_mean():
-    x, y = trailing_mean(curve(range(100), [0.0, 2.0] * 50), share=0.02)  # window: 2 points
+    x, y = trailing_mean(curve(range(100), [0.0, 2.0] * 50), span=1.5)  # window: 2 points
     assert y[0] == 0.0 and np.all(y[1:] == 1.0)
-    assert trailing_mean(curve([1, 2], [3, 4]))[1].tolist() == [3.0, 4.0]  # too short to smooth
+    assert trailing_mean(curve([1, 2], [3, 4]), span=0.5)[1].tolist() == [3.0, 4.0]  # no smoothing
+
+
+def test_runs_of_different_lengths_are_smoothed_alike():
+    values = np.random.default_rng(0).normal(size=400)
+    long, short = curve(range(400), values), curve(range(100), values[:100])
+    span = smoothing_span([long, short])
+    assert span == pytest.approx(0.05 * 399)  # a share of the longest run's range, for both
+    slow = [np.mean(values[max(0, i - 19) : i + 1]) for i in range(100)]  # x within 19.95 back
+    np.testing.assert_allclose(trailing_mean(long, span)[1][:100], slow)
+    np.testing.assert_allclose(trailing_mean(short, span)[1], slow)
 
 
 # ---------------------------------------------------------------- scores

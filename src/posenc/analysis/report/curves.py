@@ -16,7 +16,7 @@ from posenc.analysis.report.runs import Curve
 
 #: the most points a curve averaged over seeds is evaluated at
 MAX_GRID = 300
-#: the trailing mean of a training-loss curve spans this share of its points
+#: the trailing mean of a figure's training-loss curves spans this share of its longest x range
 SMOOTHING = 0.05
 
 
@@ -83,17 +83,23 @@ def tails(curves: Sequence[Curve]) -> list[Curve]:
     return segments
 
 
-def trailing_mean(curve: Curve, share: float = SMOOTHING) -> Curve:
-    """``curve`` smoothed by a trailing mean over ``share`` of its points (at least one: a
-    short curve stays as it is); the x values are kept."""
+def smoothing_span(curves: Sequence[Curve], share: float = SMOOTHING) -> float:
+    """The x span of the trailing mean for curves drawn together: ``share`` of the longest
+    curve's x range, one span for all, so runs that stopped at different steps are smoothed
+    alike (a share of each curve's own points would smooth a longer run's start more)."""
+    return share * max((float(x[-1] - x[0]) for x, _ in curves if len(x)), default=0.0)
+
+
+def trailing_mean(curve: Curve, span: float) -> Curve:
+    """``curve`` smoothed by a trailing mean over the points whose x lies within ``span``
+    before each point's, itself included (a span below the points' spacing leaves it as it
+    is); the x values are kept."""
     x, y = curve
-    window = max(1, round(len(y) * share))
-    if window == 1:
-        return x, y
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     sums = np.cumsum(np.insert(y, 0, 0.0))
-    starts = np.maximum(np.arange(1, len(y) + 1) - window, 0)
-    counts = np.arange(1, len(y) + 1) - starts
-    return x, (sums[1:] - sums[starts]) / counts
+    starts = np.searchsorted(x, x - span, side="right")
+    ends = np.arange(1, len(y) + 1)
+    return x, (sums[ends] - sums[starts]) / (ends - starts)
 
 
 def rankings_at_last_validations(

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from posenc.analysis.report.curves import aggregate_curves, tails, trailing_mean
+from posenc.analysis.report.curves import aggregate_curves, smoothing_span, tails, trailing_mean
 from posenc.analysis.report.render import GREY, Writer, new_figure, outside_legend, slug
 from posenc.analysis.report.runs import Curve, Entry, Group
 from posenc.analysis.report.stats import (
@@ -75,15 +75,16 @@ def plot_curves(
 ) -> Figure:
     """``valid_loss_vs_KIND.png`` (``kind``: ``steps`` or ``time``): the validation loss (left)
     and the training loss (right) of each encoding against ``kind`` (see :func:`_draw_group`).
-    The training loss is each run's trailing mean, so a run that validated once still shows
-    how it learned."""
+    The training loss is each run's trailing mean over one span for every run of the panel
+    (:func:`smoothing_span`), so a run that validated once still shows how it learned."""
     fig, axes = new_figure(12, 4.5, 2)
     for ax, (prefix, ylabel) in zip(axes, CURVE_PANELS, strict=True):
         key = prefix + kind
+        span = smoothing_span([r.curves[key] for g in groups for r in g.runs if key in r.curves])
         for group in groups:
             curves = [r.curves[key] for r in group.runs if key in r.curves]
             if prefix:
-                curves = [trailing_mean(c) for c in curves]
+                curves = [trailing_mean(c, span) for c in curves]
             if curves:
                 _draw_group(ax, group.label, curves, styles.get(group.label, GREY))
         ax.set_xlabel(xlabel)
