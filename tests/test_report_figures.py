@@ -105,6 +105,7 @@ def test_the_training_loss_is_a_trailing_mean():
     x, y = trailing_mean(curve(range(100), [0.0, 2.0] * 50), span=1.5)  # window: 2 points
     assert y[0] == 0.0 and np.all(y[1:] == 1.0)
     assert trailing_mean(curve([1, 2], [3, 4]), span=0.5)[1].tolist() == [3.0, 4.0]  # no smoothing
+    assert trailing_mean(curve([1], [3]), span=0.0)[1].tolist() == [3.0]  # one point: itself
 
 
 def test_runs_of_different_lengths_are_smoothed_alike():

@@ -97,8 +97,8 @@ def trailing_mean(curve: Curve, span: float) -> Curve:
     x, y = curve
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     sums = np.cumsum(np.insert(y, 0, 0.0))
-    starts = np.searchsorted(x, x - span, side="right")
     ends = np.arange(1, len(y) + 1)
+    starts = np.minimum(np.searchsorted(x, x - span, side="right"), ends - 1)  # itself at least
     return x, (sums[ends] - sums[starts]) / (ends - starts)
 
 
