@@ -80,9 +80,9 @@ def plot_curves(
     fig, axes = new_figure(12, 4.5, 2)
     for ax, (prefix, ylabel) in zip(axes, CURVE_PANELS, strict=True):
         key = prefix + kind
-        span = smoothing_span([r.curves[key] for g in groups for r in g.runs if key in r.curves])
-        for group in groups:
-            curves = [r.curves[key] for r in group.runs if key in r.curves]
+        logged = [[r.curves[key] for r in group.runs if key in r.curves] for group in groups]
+        span = smoothing_span([curve for curves in logged for curve in curves])
+        for group, curves in zip(groups, logged, strict=True):
             if prefix:
                 curves = [trailing_mean(c, span) for c in curves]
             if curves:
