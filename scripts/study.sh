@@ -13,7 +13,8 @@
 #   scaling    experiment=scaling: the seed report's four and compare's best two at model=small
 #              and 8,000 steps (4x compare's), seed 0: does the short budget's ranking hold?
 #              Also RoPE with its last layer NoPE (SCALING_VARIANTS): compare's model has one
-#              layer a stack, where switching a layer off is nonepe itself
+#              layer a stack, where switching a layer off is nonepe itself; SCALING_SEED=N
+#              trains seed N instead (as scripts/gpu/run.sh's)
 # Usage: BUDGET=SECONDS STAGES="compare beam5" bash scripts/study.sh
 # BUDGET bounds the whole call: then the sweep gets SIGTERM and its jobs end (an unfinished run
 # loses at most trainer.valid_every steps, back to its last checkpoint; to stop exactly after a
@@ -117,8 +118,8 @@ for stage in $STAGES; do
     seed_report)
       bounded $PY train.py -m experiment=seed_report "pe=$SEED_REPORT_PES" seed=0 "${common[@]}" ;;
     scaling)
-      bounded $PY train.py -m experiment=scaling "${common[@]}"
-      side_by_side experiment=scaling seed=0 -- "${SCALING_VARIANTS[@]}" ;;
+      bounded $PY train.py -m experiment=scaling "seed=${SCALING_SEED:-0}" "${common[@]}"
+      side_by_side experiment=scaling "seed=${SCALING_SEED:-0}" -- "${SCALING_VARIANTS[@]}" ;;
     *) echo "study: unknown stage $stage" >&2; exit 2 ;;
   esac
 done
