@@ -39,3 +39,7 @@ SCALING_VARIANTS=(
 )
 # the seed report's setting (configs/experiment/seed_report.yaml: the report's four) with ALiBi
 SEED_REPORT_PES=nonepe,sinpe,rpe,rope,alibi
+# depth's options (configs/experiment/depth.yaml: model=base on a GPU)
+DEPTH_VARIANTS=(
+  "pe=rope pe.cross_attention=rotated"  # compare's best system at the depth of a real model
+)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,23 @@ def local_dir(tmp_path: Path) -> Path:
     test_src[3] = "   "
     write_pair(tmp_path, "test", test_src, test_tgt)
     return tmp_path
+
+
+def torchrun(run_dir: Path, *overrides: str, procs: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node=procs train.py OVERRIDES`` into ``run_dir``."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={procs}",
+            str(ROOT / "train.py"),
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=run_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )

@@ -39,22 +39,39 @@ def test_step_efficiency_is_counted_flops_over_the_median_time_as_a_share_of_the
     assert result == {"a": {"4": {"flops": flops, "flop_s": 2 * flops, "of_ceiling": 2}}}
 
 
-@pytest.mark.parametrize(("shares", "verdict"), [((0.7, 0.65), "pass"), ((0.7, 0.5), "miss")])
-def test_the_reference_must_reach_the_target_share_at_both_lengths(shares, verdict):
+@pytest.mark.parametrize(
+    ("device", "shares", "verdict"),
+    [
+        ("cpu", (0.7, 0.65), "pass"),
+        ("cpu", (0.7, 0.5), "miss"),
+        ("cuda", (0.4, 0.36), "pass"),  # a GPU's target: its model-FLOP utilisation
+        ("cuda", (0.4, 0.3), "miss"),
+    ],
+)
+def test_the_reference_must_reach_its_devices_target_share_at_both_lengths(device, shares, verdict):
     efficiency = {"ref": {"64": {"of_ceiling": shares[0]}, "128": {"of_ceiling": shares[1]}}}
-    assert ceiling_verdict("ref", efficiency) == {
-        "target": CEILING_TARGET,
+    assert ceiling_verdict("ref", efficiency, device) == {
+        "target": CEILING_TARGET[device],
         "shares": {64: shares[0], 128: shares[1]},
         "verdict": verdict,
     }
-    assert ceiling_verdict("other", efficiency)["verdict"] == "-"
+    assert ceiling_verdict("other", efficiency, device)["verdict"] == "-"
 
 
-def test_the_table_names_the_ceiling_and_the_verdict():
+@pytest.mark.parametrize(
+    ("machine", "where"),
+    [
+        ({"gpu": None}, "fp32 matmul ceiling on the CPU"),
+        ({"gpu": "H"}, "bf16 matmul ceiling on the GPU H"),
+    ],
+)
+def test_the_table_names_the_ceiling_and_the_verdict(machine, where):
     result = {
+        "machine": machine,
         "settings": {"lengths": [64]},
         "efficiency": {
             "matmul_size": 2048,
+            "matmul_dtype": "bf16" if machine["gpu"] else "fp32",
             "ceiling_flop_s": 100e9,
             "ceiling_end_flop_s": 98e9,
             "train": {"ref": {"64": {"flops": 2e9, "flop_s": 50e9, "of_ceiling": 0.5}}},
@@ -62,5 +79,5 @@ def test_the_table_names_the_ceiling_and_the_verdict():
         },
     }
     text = "\n".join(efficiency_lines(result))
-    assert "100.0 GFLOP/s before" in text and "miss" in text
+    assert f"{where}: 100.0 GFLOP/s before" in text and "miss" in text
     assert "| ref | 2.0 / 50.0 / 50% |" in text

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, SMOKE, compose
+from conftest import ROOT, SMOKE, compose, torchrun
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from posenc.job import run
@@ -29,32 +29,13 @@ pytestmark = pytest.mark.skipif(
 
 OVERRIDES = (
     *SMOKE,
+    "device=cpu",  # gloo: two ranks cannot share one GPU under NCCL
     "pe=rope",
     "trainer.max_steps=4",
     "trainer.valid_every=2",
     "trainer.log_every=1",
     "eval.enabled=false",
 )
-
-
-def torchrun(run_dir: Path, *overrides: str, procs: int = 2) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc_per_node=procs train.py ...`` writing to ``run_dir``."""
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={procs}",
-            str(ROOT / "train.py"),
-            *overrides,
-            f"hydra.run.dir={run_dir}",
-        ],
-        cwd=run_dir.parent,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def wait_for(path: Path, job: subprocess.Popen, timeout: float = 300) -> None:
@@ -99,6 +80,22 @@ def test_two_processes_train_like_one_process_on_the_union_of_their_batches(tmp_
     for name, value in reference_weights.items():
         torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-5, msg=name)
     assert len(list((ddp / "tb").glob("events.out.tfevents.*"))) == 1  # rank 0's only
+
+
+def test_torchrun_with_one_process_trains_through_a_process_group_like_a_plain_run(tmp_path):
+    """``torchrun --nproc_per_node=1`` takes the multi-process path (a group, DDP) on one
+    process, the only way to exercise NCCL on a machine with one GPU, and trains exactly as a
+    run without torchrun."""
+    plain = tmp_path / "plain"
+    run(compose(*OVERRIDES), plain)
+    one = tmp_path / "one"
+    result = torchrun(one, *OVERRIDES, procs=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "process group up: 1 ranks (gloo)" in (one / "train.log").read_text()
+    assert json.loads((one / "train_summary.json").read_text())["processes"] == 1
+    assert train_losses(one) == train_losses(plain)
+    for name, value in final_weights(plain).items():
+        torch.testing.assert_close(final_weights(one)[name], value, rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.slow

@@ -229,7 +229,9 @@ def test_run_sh_smoke_trains_decodes_and_scores_on_the_cpu(tmp_path):
 
 def test_run_sh_names_its_steps_when_given_another():
     done = subprocess.run(["bash", str(ROOT / "scripts/gpu/run.sh"), "train"], capture_output=True)
-    assert done.returncode == 2 and b"test|bench|seed_report|scaling|study|smoke" in done.stderr
+    assert (
+        done.returncode == 2 and b"test|bench|seed_report|scaling|depth|study|smoke" in done.stderr
+    )
 
 
 @pytest.mark.slow
@@ -244,3 +246,23 @@ def test_run_sh_study_runs_the_seed_report_and_the_scaling_check_at_once_on_the_
             assert not [n for n in tar.getnames() if n.endswith(".pt")]
         assert len(evaluated) == (2 if name == "seed_report" else 3)  # scaling: a variant too
     assert "pe.off_layers=[2]" in "".join(evaluated)
+
+
+@pytest.mark.slow
+def test_run_sh_depth_trains_its_encodings_and_variant_at_once_and_scores_them_on_the_cpu(tmp_path):
+    done = run_sh(tmp_path, "depth")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = tmp_path / "out"
+    assert (out / "depth.md").is_file() and (out / "depth.log").is_file()
+    with tarfile.open(out / "depth.tar.gz") as tar:
+        evaluated = [n for n in tar.getnames() if n.endswith("/metrics.json")]
+    assert len(evaluated) == 3 and "pe.cross_attention=rotated" in "".join(evaluated)
+
+
+def test_run_sh_bench_times_and_profiles_on_the_cpu(tmp_path):
+    done = run_sh(tmp_path, "bench")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = tmp_path / "out"
+    bench = json.loads((out / "bench_tiny.json").read_text())
+    assert bench["settings"]["device"] == "cpu" and bench["settings"]["precision"] == "fp32"
+    assert "aten::" in (out / "profile.md").read_text()

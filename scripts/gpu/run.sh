@@ -9,14 +9,19 @@
 # /opt/torch/.venv would not see them), takes posenc from src/ (PYTHONPATH), reads the data from
 # gpu_bundle/data (POSENC_DATA) and writes at most a few files straight under $OUT (the device
 # tool brings back 8 files, none deeper than two folders). Steps, ARGS going to the step's command:
-#   test         pytest -x -q -n 8 on the suite; junit XML and the log to $OUT
-#   bench        scripts/bench.py at model=small, then model=base; JSON and markdown to $OUT
+#   test         pytest -q -n 8 on the suite (on a GPU every failure, each test stopped after
+#                300 s; on the CPU -x); junit XML and the log to $OUT
+#   bench        scripts/bench.py at model=base (L=128, 16,384 tokens a batch: its model-FLOP
+#                utilisation) and model=small (L=64 and 128), then scripts/profile_step.py of
+#                nonepe, rpe and rope at model=base; JSON and markdown to $OUT
 #   seed_report  train.py -m experiment=seed_report, pe=SEED_REPORT_PES (scripts/study_sets.sh),
 #                all at once (joblib), then scripts/report.py; the sweep without checkpoints as
 #                seed_report.tar.gz and its report as seed_report.md
 #   scaling      train.py -m experiment=scaling (six encodings) and each of SCALING_VARIANTS, all
 #                at once, then the report: scaling.tar.gz and scaling.md
-#   study        seed_report and scaling at once: issue 27's GPU runs in one call of the device
+#   depth        train.py -m experiment=depth (model=base, five encodings, DEPTH_SEEDS) and each of
+#                DEPTH_VARIANTS, all at once, then the report: depth.tar.gz and depth.md
+#   study        seed_report and scaling at once: the study's GPU runs in one call of the device
 #                tool (15 minutes of device time a session)
 #   smoke        a tiny train + decode + score (experiment=smoke); its metrics to $OUT
 # Settings (environment): PYTHON (default /opt/torch/.venv/bin/python3, else python3); DEVICE
@@ -27,7 +32,8 @@
 # SCALING_MAX_TIME (training seconds per seed_report or scaling run, default 300: preparing the
 # corpus, decoding and the report take the rest of the ten minutes; a second call with the same
 # WORK on the still-warm machine resumes the runs up to a larger value); SCALING_SEED (default
-# 0); DEADLINE (seconds from the start by which every step has ended, default 580 on a GPU, where
+# 0); DEPTH_MAX_TIME (training seconds of each depth run, default 300) and DEPTH_SEEDS (default
+# 0, a sweep's list: 0,1); DEADLINE (seconds from the start by which every step has ended, default 580 on a GPU, where
 # the device tool stops a command at 600; 3600 on the CPU). On a GPU each run gets the machine's
 # cores divided by the runs the step starts at once as torch threads (`threads`, not part of a
 # run's name).
@@ -36,9 +42,10 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
 STEP="${1:-}"
 case "$STEP" in
-  test | bench | seed_report | scaling | study | smoke) shift ;;
+  test | bench | seed_report | scaling | depth | study | smoke) shift ;;
   *)
-    echo "usage: bash scripts/gpu/run.sh test|bench|seed_report|scaling|study|smoke [ARGS...]" >&2
+    echo "usage: bash scripts/gpu/run.sh test|bench|seed_report|scaling|depth|study|smoke" \
+      "[ARGS...]" >&2
     exit 2
     ;;
 esac
@@ -131,7 +138,7 @@ step() {  # the command, its output to the console and to $LOG, stopped (SIGTERM
   return "$rc"
 }
 
-source scripts/study_sets.sh  # SEED_REPORT_PES, SCALING_VARIANTS
+source scripts/study_sets.sh  # SEED_REPORT_PES, SCALING_VARIANTS, DEPTH_VARIANTS
 
 # torch threads per run on the GPU: the machine's cores shared by every run the step starts at
 # once. joblib would give each sweep's jobs cpu_count / n_jobs threads, but a step runs several
@@ -140,9 +147,13 @@ source scripts/study_sets.sh  # SEED_REPORT_PES, SCALING_VARIANTS
 IFS=, read -ra seed_report_pes <<<"$SEED_REPORT_PES"
 scaling_encodings=6  # configs/experiment/scaling.yaml's pe list, one job each
 scaling_runs=$((scaling_encodings + ${#SCALING_VARIANTS[@]}))
+IFS=, read -ra depth_seeds <<<"${DEPTH_SEEDS:-0}"
+depth_encodings=$((5 * ${#depth_seeds[@]}))  # configs/experiment/depth.yaml's pe list, per seed
+depth_runs=$((depth_encodings + ${#DEPTH_VARIANTS[@]} * ${#depth_seeds[@]}))
 case "$STEP" in
   seed_report) runs_at_once=${#seed_report_pes[@]} ;;
   scaling) runs_at_once=$scaling_runs ;;
+  depth) runs_at_once=$depth_runs ;;
   *) runs_at_once=$((${#seed_report_pes[@]} + scaling_runs)) ;;
 esac
 run_threads=$(($(nproc) / runs_at_once))
@@ -186,56 +197,85 @@ seed_report() {  # the seed report's setting, every encoding at once; its own lo
   sweep_out seed_report
 }
 
-scaling() {  # experiment=scaling and SCALING_VARIANTS, every run at once; own log and outputs
-  local LOG="$OUT/scaling.log" budget shared variant pids=()
-  if [ $GPU = 1 ]; then
-    budget=("trainer.max_time=${SCALING_MAX_TIME:-300}" "threads=$run_threads")
-  else
-    budget=("${tiny[@]}" trainer.max_steps=12 trainer.valid_every=6)
-  fi
-  shared=(experiment=scaling "seed=${SCALING_SEED:-0}" hydra/launcher=parallel "device=$DEVICE"
-    trainer.progress=false logger.csv=true "${budget[@]}" "$@")
+at_once() {  # at_once NAME ENCODING_JOBS VARIANTS_ARRAY OVERRIDES...: train.py -m
+  # experiment=NAME (its pe list, ENCODING_JOBS jobs at once) and each variant of the array named
+  # VARIANTS_ARRAY, every run at once, then the report; its own log and outputs. On the CPU: two
+  # encodings and one variant on tiny budgets
+  local name=$1 jobs=$2 variants_name=$3
+  shift 3
+  local -n variants=$variants_name
+  local LOG="$OUT/$name.log" shared variant pids=()
+  shared=(experiment="$name" hydra/launcher=parallel "device=$DEVICE" trainer.progress=false
+    logger.csv=true "$@")
   cd "$WORK"
-  prepare scaling "${shared[@]}"
+  prepare "$name" "${shared[@]}"
   if [ $GPU = 1 ]; then
-    RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m "${shared[@]}" "hydra.launcher.n_jobs=$scaling_encodings" &
+    RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m "${shared[@]}" "hydra.launcher.n_jobs=$jobs" &
   else
     RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m "${shared[@]}" pe=nonepe,rope &
   fi
   pids+=($!)
-  for variant in "${SCALING_VARIANTS[@]}"; do
+  for variant in "${variants[@]}"; do
     # shellcheck disable=SC2086  # a variant is several overrides
     RESERVE=60 step "$PYTHON" "$ROOT/train.py" -m $variant "${shared[@]}" &
     pids+=($!)
     [ $GPU = 1 ] || break  # the CPU's check: one variant
   done
-  wait "${pids[@]}" || echo "a scaling sweep ended with status $?" | tee -a "$LOG"
-  sweep_out scaling
+  wait "${pids[@]}" || echo "a $name sweep ended with status $?" | tee -a "$LOG"
+  sweep_out "$name"
+}
+
+scaling() {  # experiment=scaling and SCALING_VARIANTS, every run at once
+  local budget
+  if [ $GPU = 1 ]; then
+    budget=("trainer.max_time=${SCALING_MAX_TIME:-300}" "threads=$run_threads")
+  else
+    budget=("${tiny[@]}" trainer.max_steps=12 trainer.valid_every=6)
+  fi
+  at_once scaling "$scaling_encodings" SCALING_VARIANTS "seed=${SCALING_SEED:-0}" "${budget[@]}" "$@"
+}
+
+depth() {  # experiment=depth (model=base) and DEPTH_VARIANTS, every run at once
+  local budget
+  if [ $GPU = 1 ]; then
+    budget=("trainer.max_time=${DEPTH_MAX_TIME:-300}" "threads=$run_threads")
+  else
+    budget=("${tiny[@]}" trainer.max_steps=12 trainer.valid_every=6 model=tiny)
+  fi
+  at_once depth "$depth_encodings" DEPTH_VARIANTS "seed=${DEPTH_SEEDS:-0}" "${budget[@]}" "$@"
 }
 
 case "$STEP" in
   test)
-    args=(-x -q -n "${TEST_WORKERS:-$([ $GPU = 1 ] && echo 8 || echo 2)}" -p no:cacheprovider)
+    args=(-q -n "${TEST_WORKERS:-$([ $GPU = 1 ] && echo 8 || echo 2)}" -p no:cacheprovider)
+    if [ $GPU = 1 ]; then  # one call of the device tool: every failure, none hanging
+      ! "$PYTHON" -c "import pytest_timeout" 2>/dev/null || args+=(--timeout=300)
+    else
+      args+=(-x)
+    fi
     if ! "$PYTHON" -c "import mlflow" 2>/dev/null; then  # mlflow-skinny is not carried
       args+=(--deselect tests/test_run_control.py::test_mlflow_gets_the_settings_and_every_scalar_in_a_local_store)
     fi
     step "$PYTHON" -m pytest "${args[@]}" --junitxml="$OUT/junit.xml" "$@"
     ;;
   bench)
-    if [ $GPU = 1 ]; then
-      models=(small base)
-      args=(--lengths 64,128 --repeats 5)
+    if [ $GPU = 1 ]; then  # base first: its model-FLOP utilisation is the target
+      runs=("base --lengths 128 --tokens 16384 --repeats 3" "small --lengths 64,128 --repeats 5")
+      profile=(--model base --tokens 16384 --length 128 --pe nonepe,rpe,rope)
     else
-      models=(tiny)
-      args=(--quick --pe nonepe,rope --no-memory --threads 1)
+      runs=("tiny --quick --pe nonepe,rope --no-memory --threads 1")
+      profile=(--model tiny --tokens 256 --length 16 --steps 1 --pe nonepe)
     fi
-    for model in "${models[@]}"; do
-      step "$PYTHON" scripts/bench.py --model "$model" "${args[@]}" \
-        --out "$OUT/bench_$model.json" "$@"
+    for run in "${runs[@]}"; do
+      read -ra bench_args <<<"$run"
+      step "$PYTHON" scripts/bench.py --model "${bench_args[@]}" \
+        --out "$OUT/bench_${bench_args[0]}.json" "$@" || echo "bench ended with status $?" | tee -a "$LOG"
     done
+    step "$PYTHON" scripts/profile_step.py "${profile[@]}" --out "$OUT/profile.md"
     ;;
   seed_report) seed_report "$@" ;;
   scaling) scaling "$@" ;;
+  depth) depth "$@" ;;
   study)  # both at once, as one call of the device tool (15 minutes of device time)
     seed_report "$@" &
     first=$!

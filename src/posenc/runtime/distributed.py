@@ -7,8 +7,10 @@ model in ``DistributedDataParallel``. Rank 0 is the *main* process: it alone wri
 checkpoints, metrics and the run's tokenizer, and runs validation and evaluation; the others
 train on their own share of the batches and wait for it where needed.
 
-Without torchrun (``WORLD_SIZE`` unset or 1) every function here is a cheap no-op, so the same
-code trains on one process.
+Under torchrun a group is set up whatever the number of processes, one included (as Hugging
+Face's Trainer does): ``torchrun --nproc_per_node=1`` trains through NCCL (or gloo) and
+``DistributedDataParallel``, the path a multi-GPU run takes, on one device. Without torchrun
+every function here is a cheap no-op, so the same code trains on one process.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ _owned = False  # whether setup() created the group
 
 
 def launched() -> bool:
-    """Whether this process is one of several started by torchrun (``WORLD_SIZE`` > 1)."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """Whether torchrun started this process (it sets ``TORCHELASTIC_RUN_ID``), or another
+    launcher started several (``WORLD_SIZE`` > 1)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def is_distributed() -> bool:

@@ -238,7 +238,7 @@ def set_up(
     if rank > 0:
         torch.manual_seed(rank_seed(cfg.seed, rank, state.step))
     trained = model
-    if world > 1:
+    if distributed.is_distributed():
         trained = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
@@ -364,7 +364,8 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     loss_sum = nll_sum = 0.0
     for i, batch in enumerate(micro):
         last = i == len(micro) - 1
-        with contextlib.nullcontext() if last or run.world == 1 else run.trained.no_sync():
+        synced = last or not distributed.is_distributed()
+        with contextlib.nullcontext() if synced else run.trained.no_sync():
             with torch.autocast(
                 device.type, dtype=run.amp or torch.float32, enabled=run.amp is not None
             ):

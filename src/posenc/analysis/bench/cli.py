@@ -45,6 +45,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=8000, help="vocabulary size")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N"
+    )
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "fp32", "bf16"),
+        help="of the training step: auto = bf16 autocast on CUDA, fp32 on the CPU",
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument(
         "--peers",
@@ -80,7 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             memory=not args.no_memory,
             variants=args.variant,
+            device=args.device,
+            precision=args.precision,
         )
+        if args.peers and settings.device != "cpu":
+            raise ValueError(
+                f"--peers runs on the CPU only, not {settings.device}: add --device cpu"
+            )
     except ValueError as err:
         print(f"bench: {err}", file=sys.stderr)
         return 2

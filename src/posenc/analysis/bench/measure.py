@@ -24,20 +24,31 @@ def random_tokens(shape: tuple[int, int], vocab_size: int, seed: int) -> torch.T
     return torch.randint(3, vocab_size, shape, generator=generator)
 
 
+def synchronize() -> None:
+    """Wait for the GPU's queued work, when this process has used CUDA (else nothing)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed(fn: Callable[[], None]) -> float:
-    """Wall-clock seconds of ``fn()``, garbage collected before and paused during the call."""
+    """Wall-clock seconds of ``fn()``, garbage collected before and paused during the call; on a
+    GPU the clock runs from an idle device until ``fn``'s queued kernels have finished."""
     gc.collect()
     gc.disable()
     try:
+        synchronize()
         start = time.perf_counter()
         fn()
+        synchronize()
         return time.perf_counter() - start
     finally:
         gc.enable()
 
 
-def machine_info() -> dict[str, Any]:
-    """CPU, threads, versions and load: what the figures depend on."""
+def machine_info(device: torch.device | None = None) -> dict[str, Any]:
+    """CPU, GPU (``device``'s name when it is CUDA, else None), threads, versions and load:
+    what the figures depend on."""
+    on_gpu = device is not None and device.type == "cuda"
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     return {
         "platform": platform.platform(),
@@ -50,6 +61,8 @@ def machine_info() -> dict[str, Any]:
         "torch_interop_threads": torch.get_num_interop_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "gpu": torch.cuda.get_device_name(device) if on_gpu else None,
+        "cuda": torch.version.cuda if on_gpu else None,
     }
 
 
@@ -86,10 +99,17 @@ def map_large_allocations() -> bool:
     return True
 
 
-def matmul_ceiling(size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of one fp32 ``(size, size) @ (size, size)`` matmul (median of ``repeats`` after a
-    warm-up): the ceiling a training step's dense work can reach with this process's threads."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_ceiling(
+    size: int = 2048,
+    repeats: int = 5,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> float:
+    """FLOP/s of one ``(size, size) @ (size, size)`` matmul of random ``dtype`` values on
+    ``device`` (default the CPU; median of ``repeats`` after a warm-up): the ceiling a training
+    step's dense work can reach there (on the CPU, with this process's threads)."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=generator).to(device, dtype) for _ in range(2))
     a @ b
     seconds = statistics.median(timed(lambda: a @ b) for _ in range(repeats))
     return 2 * size**3 / seconds

@@ -23,7 +23,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"decoding {settings['decode_batch']} sources of L tokens into L tokens. "
         f"Medians of {settings['repeats']} interleaved repetitions after {settings['warmup']} "
         f"warm-up; torch {machine['torch']}, {machine['torch_threads']} threads, "
-        f"{machine['cpus_available']} CPUs; load average at start {machine['load_average']}.",
+        f"{machine['cpus_available']} CPUs; load average at start {machine['load_average']}; "
+        f"{_device(settings, machine)}.",
         f"Each cell: milliseconds (ratio to {reference} measured in the same run).",
     ]
     for kind, title in KINDS.items():
@@ -50,7 +51,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines += efficiency_lines(result)
     memory = result["memory_mb"]
     if memory:
-        lines += ["", "## Extra resident memory of one training step (MB)", ""]
+        what = "GPU memory (allocator peak)" if machine.get("gpu") else "resident memory"
+        lines += ["", f"## Extra {what} of one training step (MB)", ""]
         lines.append("| pe | " + " | ".join(f"L={length}" for length in lengths) + " |")
         lines.append("|" + "---|" * (len(lengths) + 1))
         for name, per_length in memory.items():
@@ -62,6 +64,14 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("peers"):
         lines += peers_table(result["peers"], lengths)
     return "\n".join(lines) + "\n"
+
+
+def _device(settings: dict[str, Any], machine: dict[str, Any]) -> str:
+    """Where it ran and in which precision the training step computed."""
+    where = f"GPU {machine['gpu']} (CUDA {machine['cuda']})" if machine.get("gpu") else "CPU"
+    precision = settings.get("precision", "fp32")
+    step = "bf16 autocast" if precision == "bf16" else "fp32"
+    return f"on the {where}, training steps in {step}, decoding in fp32"
 
 
 def _shape(shape: dict[str, Any]) -> str:

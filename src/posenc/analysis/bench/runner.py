@@ -35,7 +35,7 @@ from posenc.config.variants import parse_variant, variant_label
 from posenc.model.encodings import encoding_class
 from posenc.model.factory import PAD_ID, build_named_model
 from posenc.model.seq2seq import Seq2Seq, count_parameters
-from posenc.runtime.device import keep_freed_memory
+from posenc.runtime.device import autocast_dtype, keep_freed_memory, resolve_device
 from posenc.training.losses import token_loss
 from posenc.training.optim import make_optimizer
 
@@ -43,7 +43,8 @@ log = logging.getLogger("posenc.analysis.bench")
 
 KINDS = {"train": "Training step (forward + backward + AdamW)", "decode": "Cached greedy decoding"}
 TARGET_LENGTH = 128
-MATMUL_SIZE = 2048  # the fp32 matmul whose speed is the ceiling (see :mod:`.efficiency`)
+MATMUL_SIZE = {"cpu": 2048, "cuda": 8192}
+"""The side of the matmul whose speed is the ceiling on each device type (:mod:`.efficiency`)."""
 """The length at which training steps are held to their encodings' speed targets."""
 
 
@@ -65,8 +66,17 @@ class BenchSettings:
     variants: list[str] = field(default_factory=list)
     """encodings with options, each a sweep's overrides (``"alibi pe.dape=true"``), measured
     under the report's name for them (``alibi (pe.dape=True)``) after the encodings"""
+    device: str = "auto"
+    """as the run setting ``device``; replaced by the device it resolves to (``cpu``, ``cuda``)"""
+    precision: str = "auto"
+    """of the training step, as ``trainer.precision`` (``auto``: bf16 autocast on CUDA);
+    replaced by what it resolves to (``fp32``, ``bf16``). Decoding runs in the model's dtype, as
+    evaluation does"""
 
     def __post_init__(self) -> None:
+        device = resolve_device(self.device)
+        self.device = str(device)
+        self.precision = "fp32" if autocast_dtype(self.precision, device) is None else "bf16"
         if self.reference not in self.encodings:
             self.encodings = [self.reference, *self.encodings]
         parsed = [parse_variant(text) for text in self.variants]
@@ -81,6 +91,16 @@ class BenchSettings:
         """The encoding and options (``{"pe.KEY": value}``) measured under ``name``."""
         return self._options.get(name, (name, {}))
 
+    @property
+    def torch_device(self) -> torch.device:
+        """The device everything is built and timed on."""
+        return torch.device(self.device)
+
+    @property
+    def amp(self) -> torch.dtype | None:
+        """The training step's autocast dtype, None for fp32."""
+        return torch.bfloat16 if self.precision == "bf16" else None
+
 
 @dataclass
 class Trainer:
@@ -91,6 +111,8 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     smoothing: float
     clip_norm: float
+    amp: torch.dtype | None = None
+    """the forward pass's autocast dtype (None: the model's own), as the training loop's"""
 
     @classmethod
     def default(cls, model: nn.Module, *args: Any) -> Self:
@@ -104,7 +126,9 @@ class Trainer:
         """One optimizer step on ``batch = (src, tgt_in, tgt_out)``, as the training loop does."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss, _, n_tokens = token_loss(self.model, batch, PAD_ID, self.smoothing)
+        device_type = batch[0].device.type
+        with torch.autocast(device_type, dtype=self.amp or torch.float32, enabled=bool(self.amp)):
+            loss, _, n_tokens = token_loss(self.model, batch, PAD_ID, self.smoothing)
         (loss / n_tokens).backward()
         if self.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
@@ -141,18 +165,19 @@ def build_workload(name: str, settings: BenchSettings, model: str | None = None)
     ``configs/model/MODEL.yaml`` (default: the benchmark's ``settings.model``)."""
     pe, options = settings.subject(name)
     model = model or settings.model
-    return Workload.default(
-        build_named_model(pe, model, settings.vocab_size, settings.seed, options=options)
-    )
+    built = build_named_model(pe, model, settings.vocab_size, settings.seed, options=options)
+    return Workload.default(built.to(settings.torch_device), settings.amp)
 
 
 def training_batch(
     batch_size: int, length: int, settings: BenchSettings
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(src, tgt_in, tgt_out)``, each ``(batch_size, length)``, the same for every encoding."""
+    """``(src, tgt_in, tgt_out)``, each ``(batch_size, length)``, the same for every encoding,
+    on the benchmark's device."""
     src = random_tokens((batch_size, length), settings.vocab_size, settings.seed)
     tgt = random_tokens((batch_size, length + 1), settings.vocab_size, settings.seed + 1)
-    return src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
+    batch = src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
+    return tuple(tensor.to(settings.torch_device) for tensor in batch)
 
 
 def count_decoder_calls(work: Workload, src: torch.Tensor, length: int) -> int:
@@ -213,7 +238,7 @@ def run_timing(
         batch = training_batch(batch_size, length, settings)
         sources = random_tokens(
             (settings.decode_batch, length), settings.vocab_size, settings.seed + 2
-        )
+        ).to(settings.torch_device)
         log.info("L=%d: batch %d x %d tokens, warm-up", length, batch_size, length)
         for name in list(workloads):
             work = workloads[name]
@@ -252,8 +277,11 @@ def run_timing(
 def run_memory(
     settings: BenchSettings, workloads: dict[str, Workload]
 ) -> dict[str, dict[str, float]] | None:
-    """Extra resident memory (MB) of one training step per encoding and length, or None where
-    the peak resident set cannot be measured (see the module docstring)."""
+    """Extra memory (MB) of one training step per encoding and length: resident memory on the
+    CPU, or None where its peak cannot be measured (see the package docstring); on a GPU the
+    CUDA allocator's peak during the step over what was allocated before it."""
+    if settings.torch_device.type == "cuda":
+        return cuda_step_memory(settings, workloads)
     if proc_status_kib("VmHWM") is None or not map_large_allocations():
         return None
     memory: dict[str, dict[str, float]] = {name: {} for name in workloads}
@@ -272,6 +300,27 @@ def run_memory(
             if peak is None:
                 return None
             memory[name][str(length)] = round(max(0, peak - before) / 1024, 1)
+    return memory
+
+
+def cuda_step_memory(
+    settings: BenchSettings, workloads: dict[str, Workload]
+) -> dict[str, dict[str, float]]:
+    """:func:`run_memory` on a GPU: the allocator's peak during one training step (after a
+    settling step) minus what was allocated before it, in MB."""
+    device = settings.torch_device
+    memory: dict[str, dict[str, float]] = {name: {} for name in workloads}
+    for length in settings.lengths:
+        batch = training_batch(max(1, settings.tokens // length), length, settings)
+        for name, work in workloads.items():
+            work.train_step(batch)
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            work.train_step(batch)
+            torch.cuda.synchronize(device)
+            extra = torch.cuda.max_memory_allocated(device) - before
+            memory[name][str(length)] = round(max(0, extra) / 2**20, 1)
     return memory
 
 
@@ -331,8 +380,15 @@ def run(settings: BenchSettings, peers: PeerSet | None = None) -> dict[str, Any]
     """Run the benchmark; the result holds machine, settings, raw samples, summary, memory and
     the ``peers`` section (None without peers)."""
     keep_freed_memory()  # as training does (see there); run_memory changes it afterwards
-    machine = machine_info()
-    ceiling = matmul_ceiling(MATMUL_SIZE)
+    device = settings.torch_device
+    machine = machine_info(device)
+    matmul = partial(
+        matmul_ceiling,
+        MATMUL_SIZE[device.type],
+        device=device,
+        dtype=settings.amp or torch.float32,
+    )
+    ceiling = matmul()
     workloads, samples, errors = run_timing(settings, peers)
     memory = run_memory(settings, workloads) if settings.memory else None
     targets = {name: speed_target(name) for name in settings.encodings}
@@ -345,11 +401,12 @@ def run(settings: BenchSettings, peers: PeerSet | None = None) -> dict[str, Any]
         ceiling,
     )
     efficiency = {
-        "matmul_size": MATMUL_SIZE,
+        "matmul_size": MATMUL_SIZE[device.type],
+        "matmul_dtype": settings.precision,
         "ceiling_flop_s": ceiling,
-        "ceiling_end_flop_s": matmul_ceiling(MATMUL_SIZE),
+        "ceiling_end_flop_s": matmul(),
         "train": train_efficiency,
-        "verdict": ceiling_verdict(settings.reference, train_efficiency),
+        "verdict": ceiling_verdict(settings.reference, train_efficiency, device.type),
     }
     machine["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {
