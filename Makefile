@@ -45,7 +45,7 @@ report: install  ## report of a sweep: make report SWEEP=outputs/sweeps/NAME
 	$(PY) scripts/report.py $(SWEEP)
 
 bench: install  ## speed of every encoding and of the peers, with their targets (~15 min; outputs/bench)
-	$(PY) scripts/bench.py --threads 2 --lengths 64,128 --repeats 9 --peers
+	$(PY) scripts/bench.py --device cpu --threads 2 --lengths 64,128 --repeats 9 --peers
 
 gpu-bundle: install  ## wheels and data the GPU machine lacks, into gpu_bundle/ (README: On a GPU)
 	PYTHON=$(PY) bash scripts/gpu/build_bundle.sh

@@ -12,11 +12,16 @@ from pathlib import Path
 
 from posenc.analysis.bench.profile import profile_step
 from posenc.analysis.bench.runner import BenchSettings
+from posenc.config import reference_encoding
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pe", default="nonepe", help="comma-separated encodings")
+    parser.add_argument(
+        "--pe",
+        default=reference_encoding(),
+        help="comma-separated encodings (default: the reference)",
+    )
     parser.add_argument("--model", default="small", help="configs/model/NAME.yaml")
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per side per batch")
     parser.add_argument("--length", type=int, default=128, help="tokens per sentence")

@@ -77,6 +77,12 @@ def compose(*overrides: str):
         return hydra_compose("train", overrides=list(overrides))
 
 
+def pythonpath() -> str:
+    """``PYTHONPATH`` for a child Python: src/ first, then this process's own entries (where
+    posenc is not installed, as on the GPU machine, its packages come from there)."""
+    return os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+
+
 SMOKE = ("experiment=smoke", "eval.max_sentences=12", "trainer.progress=false")
 
 

@@ -264,7 +264,7 @@ def run_bench(tmp_path, monkeypatch, *extra: str) -> tuple[dict, str]:
 
 
 def test_peers_flag_runs_end_to_end_and_writes_the_peers_section(tmp_path, monkeypatch):
-    result, report = run_bench(tmp_path, monkeypatch, "--peers")
+    result, report = run_bench(tmp_path, monkeypatch, "--peers", "--device=cpu")
     peers = result["peers"]
     assert peers["errors"] == {}
     plain = peers["torch"]

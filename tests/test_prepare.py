@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SMOKE, compose, sentences
+from conftest import ROOT, SMOKE, compose, pythonpath, sentences
 
 import posenc.data.prepare as prepare_module
 import posenc.data.streams as streams
@@ -186,6 +186,7 @@ def test_a_run_on_a_prepared_corpus_reads_no_training_text(release, tmp_path, mo
 def test_the_command_prepares_ahead_of_a_sweep_with_train_py_overrides(release, tmp_path):
     command = [sys.executable, "-m", "posenc.data.prepare", *SMOKE, "data=wmt14_files"]
     env = {"POSENC_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "PATH": ""}
+    env["PYTHONPATH"] = pythonpath()
     done = subprocess.run(
         [*command, f"data.dir={release}"], capture_output=True, text=True, cwd=ROOT, env=env
     )

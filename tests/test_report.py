@@ -174,7 +174,8 @@ def test_every_run_records_its_hardware_and_the_report_states_it(report, sweep):
     """The same code and seed round differently on another processor, so a run says where it
     computed."""
     machine = json.loads((sweep / "pe=rope" / "train_summary.json").read_text())["machine"]
-    assert machine["cpu"] and machine["gpu"] is None
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    assert machine["cpu"] and machine["gpu"] == gpu
     assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     _, markdown, _ = report
     line = next(line for line in markdown.splitlines() if line.startswith("Hardware: "))

@@ -36,7 +36,7 @@ def test_decoding_runs_exactly_length_steps_and_restores_eos():
     # Make EOS the model's favourite token: a fair benchmark must still decode every step.
     with torch.no_grad():
         work.model.output.weight[2] += 10.0
-    source = measure.random_tokens((2, 7), 50, seed=0)
+    source = measure.random_tokens((2, 7), 50, seed=0).to(settings.torch_device)
     assert bench.count_decoder_calls(work, source, 7) == 7
     assert work.model.eos_id == 2
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, SMOKE, compose
+from conftest import ROOT, SMOKE, compose, pythonpath
 from omegaconf import OmegaConf
 
 from posenc.analysis.report.build import main as report_main
@@ -121,7 +121,7 @@ def train_command(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
         cwd=cwd,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        env={**os.environ, "PYTHONPATH": pythonpath()},
     )
 
 

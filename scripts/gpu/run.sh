@@ -268,10 +268,10 @@ case "$STEP" in
     fi
     for run in "${runs[@]}"; do
       read -ra bench_args <<<"$run"
-      step "$PYTHON" scripts/bench.py --model "${bench_args[@]}" \
+      step "$PYTHON" scripts/bench.py --device "$DEVICE" --model "${bench_args[@]}" \
         --out "$OUT/bench_${bench_args[0]}.json" "$@" || echo "bench ended with status $?" | tee -a "$LOG"
     done
-    step "$PYTHON" scripts/profile_step.py "${profile[@]}" --out "$OUT/profile.md"
+    step "$PYTHON" scripts/profile_step.py --device "$DEVICE" "${profile[@]}" --out "$OUT/profile.md"
     ;;
   seed_report) seed_report "$@" ;;
   scaling) scaling "$@" ;;

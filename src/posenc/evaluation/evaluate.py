@@ -204,16 +204,22 @@ def evaluate(
     files into ``out_dir`` (default: the run directory, whose earlier evaluation of another step
     is archived first) and returns the metrics. ``loaded`` is :func:`load_run_model`'s answer
     when the caller has it already (its model may be an :class:`~posenc.model.ensemble.Ensemble`,
-    which has no attention map of its own), and ``about`` goes into the metrics as it is."""
-    device = resolve_device(cfg.device)
+    which has no attention map of its own), and ``about`` goes into the metrics as it is. The
+    model decodes on the device it sits on: ``cfg.device`` for the one loaded here."""
     run_dir = as_run_dir(run_dir)
     own = out_dir is None
     averaged_count = kept_for_averaging(cfg, run_dir) if own else average_last(cfg)
     if loaded is None:
         loaded = load_run_model(
-            run_dir.path, cfg, cfg.eval.checkpoint, device, averaged_count, use_ema(cfg)
+            run_dir.path,
+            cfg,
+            cfg.eval.checkpoint,
+            resolve_device(cfg.device),
+            averaged_count,
+            use_ema(cfg),
         )
     tokenizer, model, step, path = loaded
+    device = next(model.parameters()).device
     decoding = DecodeSettings.of(cfg)
     out_dir = run_dir.path if own else out_dir
     earlier = run_dir.metrics() if own else None
