@@ -12,8 +12,8 @@
 #   test         pytest -q -n 8 on the suite (on a GPU every failure, each test stopped after
 #                300 s; on the CPU -x); junit XML and the log to $OUT
 #   bench        scripts/bench.py at model=base (L=128, 16,384 tokens a batch: its model-FLOP
-#                utilisation) and model=small (L=64 and 128), then scripts/profile_step.py of
-#                nonepe, rpe and rope at model=base; JSON and markdown to $OUT
+#                utilisation), scripts/profile_step.py of nonepe, rpe and rope there, then
+#                scripts/bench.py at model=small (L=64 and 128); JSON and markdown to $OUT
 #   seed_report  train.py -m experiment=seed_report, pe=SEED_REPORT_PES (scripts/study_sets.sh),
 #                all at once (joblib), then scripts/report.py; the sweep without checkpoints as
 #                seed_report.tar.gz and its report as seed_report.md
@@ -258,20 +258,25 @@ case "$STEP" in
     fi
     step "$PYTHON" -m pytest "${args[@]}" --junitxml="$OUT/junit.xml" "$@"
     ;;
-  bench)
-    if [ $GPU = 1 ]; then  # base first: its model-FLOP utilisation is the target
-      runs=("base --lengths 128 --tokens 16384 --repeats 3" "small --lengths 64,128 --repeats 5")
+  bench)  # base, then the profile of its step, then small: the first two fit one call (measured
+    # on an H100, 2026-11-27: base's table took 200 s, small at two lengths and five repeats over 150 s)
+    if [ $GPU = 1 ]; then
+      base=(--model base --lengths 128 --tokens 16384 --repeats 3)
       profile=(--model base --tokens 16384 --length 128 --pe nonepe,rpe,rope)
+      small=(--model small --lengths 64,128 --repeats 3)
     else
-      runs=("tiny --quick --pe nonepe,rope --no-memory --threads 1")
+      base=(--model tiny --quick --pe nonepe,rope --no-memory --threads 1)
       profile=(--model tiny --tokens 256 --length 16 --steps 1 --pe nonepe)
+      small=()
     fi
-    for run in "${runs[@]}"; do
-      read -ra bench_args <<<"$run"
-      step "$PYTHON" scripts/bench.py --device "$DEVICE" --model "${bench_args[@]}" \
-        --out "$OUT/bench_${bench_args[0]}.json" "$@" || echo "bench ended with status $?" | tee -a "$LOG"
-    done
-    step "$PYTHON" scripts/profile_step.py --device "$DEVICE" "${profile[@]}" --out "$OUT/profile.md"
+    bench() {  # bench ARGS...: scripts/bench.py into $OUT/bench_MODEL.json
+      step "$PYTHON" scripts/bench.py --device "$DEVICE" "$@" --out "$OUT/bench_$2.json" ||
+        echo "bench ended with status $?" | tee -a "$LOG"
+    }
+    bench "${base[@]}" "$@"
+    step "$PYTHON" scripts/profile_step.py --device "$DEVICE" "${profile[@]}" \
+      --out "$OUT/profile.md" || echo "the profile ended with status $?" | tee -a "$LOG"
+    [ ${#small[@]} = 0 ] || bench "${small[@]}" "$@"
     ;;
   seed_report) seed_report "$@" ;;
   scaling) scaling "$@" ;;
