@@ -1,11 +1,12 @@
 """Contrasts between two chosen systems (``scripts/contrasts.py``): a claim such as "relative
-positions beat sinusoids" is a finding only by the report's rules: paired bootstrap on the
-pooled sentences of the shared seeds, Holm over the family, every seed, BLEU and chrF agreeing.
-A decoding contrast sets each system under another decoding of the same runs (beam 5) against
-their own (greedy) by the same rules."""
+positions beat sinusoids" is a finding only by the report's rules: the decision rule whose unit
+is the training run, Holm over the whole family at once, both systems above the quality floor,
+BLEU and chrF agreeing. A decoding contrast sets each system under another decoding of the same
+runs (beam 5) against their own (greedy) by the same rules."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SMOKE, compose
 
+from posenc.analysis.decision import holm
 from posenc.analysis.report.contrasts import (
     MISSING,
     contrast,
@@ -22,22 +24,31 @@ from posenc.analysis.report.contrasts import (
     judge,
     ranking_agreement,
 )
-from posenc.analysis.report.findings import DISAGREE, ONE_SEED, UNINFORMATIVE, SeedDifference
+from posenc.analysis.report.findings import (
+    ONE_SEED,
+    ONLY_BLEU,
+    ONLY_CHRF,
+    OPPOSITE,
+    UNINFORMATIVE,
+    StatisticsCache,
+    verdict,
+)
 from posenc.analysis.report.runs import Entry, Run
 from posenc.evaluation.metrics import bleu_chrf
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
 
 REFERENCES = [f"the cat number {i} sat on the mat near door {i % 7}" for i in range(40)]
+SAMPLES = 200
 
 
-def entry(tmp_path: Path, system: str, seed: int, garbage_every: int) -> Entry:
+def entry(tmp_path: Path, system: str, seed: int, garbage_every: int, garbage="x y z") -> Entry:
     """A finished run of ``system`` whose hypotheses equal the references but every
-    ``garbage_every``-th one (0: none)."""
+    ``garbage_every``-th one (0: none; 1: all), which is ``garbage``."""
     folder = tmp_path / f"{system}-{seed}"
     folder.mkdir()
     hyps = [
-        "x y z" if garbage_every and i % garbage_every == seed % garbage_every else ref
+        garbage if garbage_every and i % garbage_every == seed % garbage_every else ref
         for i, ref in enumerate(REFERENCES)
     ]
     (folder / "hyp.txt").write_text("\n".join(hyps) + "\n")
@@ -46,58 +57,82 @@ def entry(tmp_path: Path, system: str, seed: int, garbage_every: int) -> Entry:
     return Entry(system, run, bleu_chrf(hyps, REFERENCES), folder / "hyp.txt", folder / "ref.txt")
 
 
-def test_a_system_ahead_on_every_seed_and_both_metrics_is_a_finding_either_way_round(tmp_path):
-    systems = {
-        "good": [entry(tmp_path, "good", s, 9) for s in (0, 1)],
-        "bad": [entry(tmp_path, "bad", s, 2) for s in (0, 1)],
+def good_and_bad(tmp_path: Path, seeds=(0, 1, 2)) -> dict[str, list[Entry]]:
+    return {
+        "good": [entry(tmp_path, "good", s, 9) for s in seeds],
+        "bad": [entry(tmp_path, "bad", s, 2) for s in seeds],
     }
-    rows = [
-        contrast(systems, "test", "good", "bad", 200),
-        contrast(systems, "test", "bad", "good", 200),
-    ]
-    judge(rows, {"test": 80.0})
+
+
+def compared(systems, *pairs, split="test"):
+    cache = StatisticsCache()
+    rows = [contrast(systems, split, a, b, SAMPLES, cache) for a, b in pairs]
+    judge(rows)
+    return rows
+
+
+def test_a_system_ahead_on_both_metrics_beyond_seeds_and_sentences_is_a_finding_either_way_round(
+    tmp_path,
+):
+    rows = compared(good_and_bad(tmp_path), ("good", "bad"), ("bad", "good"))
     assert [r.verdict for r in rows] == ["good ahead", "good ahead"]
-    assert rows[0].seeds == (0, 1) and all(d > 0 for d in rows[0].differences["bleu"].per_seed)
-    assert rows[1].differences["bleu"].mean == pytest.approx(-rows[0].differences["bleu"].mean)
+    bleu = [r.judgement.comparisons["bleu"] for r in rows]
+    assert bleu[0].paired and bleu[0].seeds == (3, 3) and bleu[0].low > 0
+    assert bleu[1].difference == pytest.approx(-bleu[0].difference)
 
 
-def test_holm_adjusts_over_the_whole_family(tmp_path):
-    systems = {
-        "good": [entry(tmp_path, "good", s, 9) for s in (0, 1)],
-        "bad": [entry(tmp_path, "bad", s, 2) for s in (0, 1)],
-    }
-    alone = [contrast(systems, "test", "good", "bad", 200)]
-    raw = dict(alone[0].p_values)
-    family = alone + [contrast(systems, "test", "bad", "good", 200) for _ in range(3)]
-    judge(family, {"test": 80.0})
-    assert family[0].p_values["bleu"] == pytest.approx(min(1.0, 4 * raw["bleu"]))
+def test_holm_adjusts_every_row_and_metric_as_one_family(tmp_path):
+    systems = good_and_bad(tmp_path)
+    rows = compared(systems, ("good", "bad"), ("bad", "good"), ("good", "bad"))
+    raw = {(i, m): c.p for i, r in enumerate(rows) for m, c in r.judgement.comparisons.items()}
+    adjusted = holm(raw)
+    assert all(r.judgement.p_holm[m] == adjusted[(i, m)] for (i, m) in raw for r in [rows[i]])
 
 
-def test_one_seed_a_missing_system_and_the_noise_floor_are_no_findings(tmp_path):
+def test_one_seed_a_missing_system_and_the_quality_floor_are_no_findings(tmp_path):
     systems = {
         "good": [entry(tmp_path, "good", 0, 9)],
         "bad": [entry(tmp_path, "bad", 0, 2)],
+        "silent": [entry(tmp_path, "silent", s, 1) for s in (0, 1)],
+        "looping": [entry(tmp_path, "looping", s, 1, "la la la la la") for s in (0, 1)],
+        "fine": [entry(tmp_path, "fine", s, 0) for s in (0, 1)],
     }
-    rows = [
-        contrast(systems, "test", "good", "bad", 200),
-        contrast(systems, "test", "good", "absent", 200),
-        contrast(systems, "news", "good", "bad", 200),
-    ]
-    judge(rows, {"test": 80.0, "news": 1.5})
-    assert [r.verdict for r in rows] == [ONE_SEED, MISSING, UNINFORMATIVE]
-    table = "\n".join(contrasts_markdown(rows, 200))
-    assert "| test | good | absent | - |" in table and "200 resamples" in table
+    rows = compared(
+        systems,
+        ("good", "bad"),
+        ("good", "absent"),
+        ("fine", "silent"),
+        ("fine", "looping"),
+    )
+    assert [r.verdict for r in rows] == [ONE_SEED, MISSING, UNINFORMATIVE, UNINFORMATIVE]
+    assert rows[3].judgement.loops == (0.0, 1.0)
+    table = "\n".join(contrasts_markdown(rows, SAMPLES))
+    assert "| test | good | absent | - |" in table and f"{SAMPLES} test sets" in table
 
 
-def test_metrics_pointing_opposite_ways_disagree(tmp_path):
+def test_the_verdict_says_which_metric_is_significant_and_when_they_point_opposite_ways(tmp_path):
+    judged = compared(good_and_bad(tmp_path), ("good", "bad"))[0].judgement
+    significant, not_significant = 0.001, 0.5
+    for p_bleu, p_chrf, expected in [
+        (significant, not_significant, ONLY_BLEU),
+        (not_significant, significant, ONLY_CHRF),
+    ]:
+        assert verdict(dataclasses.replace(judged, p_holm={"bleu": p_bleu, "chrf": p_chrf})) == (
+            expected
+        )
+    chrf = dataclasses.replace(judged.comparisons["chrf"], difference=-1.0)
+    opposite = dataclasses.replace(judged, comparisons={**judged.comparisons, "chrf": chrf})
+    assert verdict(opposite) == OPPOSITE
+
+
+def test_the_seeds_needed_are_given_for_what_is_not_a_finding(tmp_path):
     systems = {
-        "a": [entry(tmp_path, "a", s, 9) for s in (0, 1)],
-        "b": [entry(tmp_path, "b", s, 2) for s in (0, 1)],
+        "a": [entry(tmp_path, "a", s, 9) for s in (0, 1, 2)],
+        "b": [entry(tmp_path, "b", s, 8) for s in (0, 1, 2)],
     }
-    rows = [contrast(systems, "test", "a", "b", 200)]
-    rows[0].differences["chrf"] = SeedDifference((-1.0, -1.0), -1.0, -2.0)  # chrF: b ahead
-    judge(rows, {"test": 80.0})
-    assert rows[0].verdict == DISAGREE
+    row = compared(systems, ("a", "b"))[0]
+    assert set(row.judgement.seeds_needed) == {"bleu", "chrf"}
+    assert "seeds for 80% power" in "\n".join(contrasts_markdown([row], SAMPLES))
 
 
 def test_the_command_line_names_its_errors_in_one_line(tmp_path):
@@ -112,7 +147,7 @@ def test_the_command_line_names_its_errors_in_one_line(tmp_path):
     ]
 
 
-def test_the_rankings_agreement_is_kendalls_tau_over_each_systems_shared_seeds(tmp_path):
+def test_the_rankings_agreement_is_kendalls_tau_over_each_systems_seeds_with_both(tmp_path):
     """On seed 0 greedy ranks a > c > b and beam a > b > c: tau 1/3. b's greedy seed 1 (no beam
     run) is perfect and would rank it second, tau 1, were it counted."""
     systems = {
@@ -126,10 +161,8 @@ def test_the_rankings_agreement_is_kendalls_tau_over_each_systems_shared_seeds(t
         "c'": [entry(tmp_path, "c'", 0, 2)],
     }
     pairs = [("a", "a'"), ("b", "b'"), ("c", "c'")]
-    rows = [contrast(systems | decoded, "test", d, s, 20) for s, d in pairs]
-    assert [r.seeds for r in rows] == [(0,), (0,), (0,)]
-    assert ranking_agreement(systems, decoded, pairs, rows) == pytest.approx(1 / 3)
-    assert ranking_agreement(systems, decoded, pairs[:1], rows[:1]) is None
+    assert ranking_agreement(systems, decoded, pairs) == pytest.approx(1 / 3)
+    assert ranking_agreement(systems, decoded, pairs[:1]) is None
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +184,10 @@ def beam_sweep(tmp_path_factory):
 def test_a_decoding_contrast_sets_each_system_against_itself_on_the_runs_with_both(beam_sweep):
     comparison = decoding_contrasts(beam_sweep, "eval.beam_size=2,step=*", ["test"], 20)
     assert (comparison.decoding, comparison.own) == ("eval.beam_size=2", "eval.beam_size=1")
-    pairs = {(r.first, r.second): r.seeds for r in comparison.rows}
-    assert pairs == {
-        ("rope (eval.beam_size=2)", "rope"): (0,),
-        ("nonepe (eval.beam_size=2)", "nonepe"): (0,),
+    pairs = {(r.first, r.second): r.judgement.comparisons["bleu"].seeds for r in comparison.rows}
+    assert pairs == {  # rope's seed 1 has no beam evaluation: its greedy run is left out too
+        ("rope (eval.beam_size=2)", "rope"): (1, 1),
+        ("nonepe (eval.beam_size=2)", "nonepe"): (1, 1),
     }
     assert comparison.tau["test"] is not None
     table = "\n".join(decoding_markdown(comparison, 20))

@@ -13,7 +13,7 @@ from conftest import SHARED_DATA, sentences, write_pair
 from omegaconf import OmegaConf
 
 from posenc.data.batching import TokenBatcher, collate
-from posenc.data.corpora import clean_pairs, eval_splits, load_corpora
+from posenc.data.corpora import clean_pairs, eval_splits, load_corpora, training_stream
 from posenc.data.corpus import Corpus, DataError, resolve_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,6 +221,48 @@ def test_holdout_sets_are_cut_out_of_training_and_none_of_their_sources_is_train
     again = load_corpora(local_config(local_dir, holdout=holdout, clean=None))
     other = load_corpora(local_config(local_dir, holdout=holdout, clean=None, seed=7))
     assert again["inside"].src == inside.src and other["inside"].src != inside.src
+
+
+def test_no_training_pair_shares_a_source_or_a_target_with_a_held_out_pair(local_dir):
+    """Tatoeba's way: each English sentence also comes with another French source ("Tu n'es
+    pas gros" / "Vous n'êtes pas gros"). Held out, a pair takes every such twin out of training;
+    a config made before ``holdout_drops`` existed drops twins of the source only, and leaks."""
+    src, tgt = sentences(60, 1), sentences(60, 2)
+    twins = [f"{s} aussi" for s in src]
+    write_pair(local_dir, "corpus/train", src + twins, tgt + tgt)
+    holdout = {"inside": {"stem": "corpus/train", "size": 20}}
+    clean = local_config(local_dir, holdout=holdout, clean=None)
+    corpora = load_corpora(clean)
+    assert clean["holdout_drops"] == ["source", "target"]
+    assert not set(corpora["inside"].tgt) & set(corpora["train"].tgt)
+    assert not set(corpora["inside"].src) & set(corpora["train"].src)
+    leaky = dict(clean)
+    del leaky["holdout_drops"]
+    before = load_corpora(leaky)
+    assert before["inside"].tgt == corpora["inside"].tgt  # the same held-out pairs
+    held_twice = {t for t in before["inside"].tgt if before["inside"].tgt.count(t) == 2}
+    leaked = set(before["inside"].tgt) & set(before["train"].tgt)
+    assert leaked and leaked == set(before["inside"].tgt) - held_twice  # the twin was trained on
+
+
+def test_a_holdout_rule_naming_another_side_is_refused_in_one_line(local_dir):
+    holdout = {"inside": {"stem": "corpus/train", "size": 5}}
+    with pytest.raises(DataError) as excinfo:
+        load_corpora(local_config(local_dir, holdout=holdout, holdout_drops=["sources"]))
+    assert_one_line_error(excinfo, "data.holdout_drops=['sources']", "source", "target")
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="needs the shared offline data")
+def test_the_tatoeba_set_of_runs_made_before_the_rule_shares_504_of_1000_targets_with_training():
+    """The measured leak of the study's in-domain Tatoeba set, and none under the rule."""
+    leaky = data_config("local", dir=str(SHARED_DATA))
+    del leaky["holdout_drops"]
+    shared = []
+    for cfg in (leaky, data_config("local", dir=str(SHARED_DATA))):
+        trained = {t for _, t in training_stream(cfg)}
+        held_out = load_corpora(cfg, with_train=False)["tatoeba"]
+        shared.append(sum(t in trained for t in held_out.tgt))
+    assert shared == [504, 0]
 
 
 def test_eval_splits_all_means_every_test_split_but_not_valid(local_dir):

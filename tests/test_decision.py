@@ -21,6 +21,7 @@ from posenc.analysis.decision import (
     loops,
     seeds_for_power,
     sentence_deviation,
+    sentence_statistics,
 )
 
 SIMULATIONS = 10_000
@@ -124,7 +125,7 @@ def _resampled_reference(metric, a, b, references, samples, seed):
     score = {"bleu": corpus_bleu, "chrf": corpus_chrf}[metric]
     rng = np.random.default_rng(seed)
     differences = []
-    for _ in range(samples):
+    for _ in range(samples):  # the same draws as the rule's, one sample after another
         index = rng.integers(0, len(references), len(references))
         refs = [references[i] for i in index]
         mean = {
@@ -183,9 +184,13 @@ def test_the_sentence_component_is_the_spread_over_resampled_test_sets(metric):
             "the train was",
         ],
     }
-    found = sentence_deviation(metric, a, b, references, samples=30, seed=7)
+    statistics_of = {
+        side: [sentence_statistics(metric, h, references) for h in runs.values()]
+        for side, runs in (("a", a), ("b", b))
+    }
+    found = sentence_deviation(metric, statistics_of["a"], statistics_of["b"], samples=30, seed=7)
     assert found == pytest.approx(_resampled_reference(metric, a, b, references, 30, 7))
-    assert sentence_deviation(metric, a, a, references, samples=30) == 0.0
+    assert sentence_deviation(metric, statistics_of["a"], statistics_of["a"], samples=30) == 0.0
 
 
 @pytest.mark.parametrize(

@@ -182,13 +182,17 @@ def test_bucket_ticks_count_their_sentences_and_markers_grow_with_them(tmp_path)
     assert sizes[0] > sizes[1] > sizes[2]
 
 
-def test_bootstrap_intervals_are_drawn_per_system_in_rank_order(tmp_path):
-    intervals = {"best": {"bleu": (20.0, 1.5), "chrf": (45.0, 1.0)}, "next": {"bleu": (19.0, 1.4)}}
-    fig = plot_intervals(Writer(tmp_path), "test", intervals, palette(intervals))
+def test_differences_from_the_baseline_are_drawn_with_their_intervals_in_rank_order(tmp_path):
+    differences = {
+        "next": {"bleu": (-1.0, -2.5, 0.5), "chrf": (-2.0, -3.0, -1.0)},
+        "last": {"bleu": (-4.0, -6.0, -2.0)},
+    }
+    fig = plot_intervals(Writer(tmp_path), "test", "best", differences, palette(differences))
     bleu = fig.axes[0]
-    assert [t.get_text() for t in bleu.get_yticklabels()] == ["best", "next"]
-    lines = [c.lines[0] for c in bleu.containers]
-    assert lines[0].get_xdata()[0] == 20.0 and (tmp_path / "intervals_test.png").exists()
+    assert [t.get_text() for t in bleu.get_yticklabels()] == ["next", "last"]
+    point = bleu.containers[0].lines[0]
+    assert point.get_xdata()[0] == -1.0 and (tmp_path / "intervals_test.png").exists()
+    assert "minus best" in bleu.get_xlabel()
 
 
 def test_the_score_table_shows_bertscore_x100_and_lists_the_seeds(tmp_path):

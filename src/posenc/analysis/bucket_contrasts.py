@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from posenc.analysis.decision import ALPHA, holm
 from posenc.analysis.penalty import done_runs, systems_of
-from posenc.analysis.report.findings import ALPHA, holm
 from posenc.analysis.report.runs import Entry, reference_of
 from posenc.analysis.report.stats import Stats, mean_std
 from posenc.evaluation.sentence_losses import SentenceLosses, read_losses

@@ -36,6 +36,7 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -46,6 +47,8 @@ ALPHA = 0.05
 POWER = 0.8
 #: seed counts :func:`seeds_for_power` looks through; more is reported as "more than this"
 MAX_SEEDS = 50
+#: resampled test sets :func:`sentence_deviation` holds at once
+CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -156,41 +159,60 @@ def seeds_for_power(comparison: Comparison, family: int = 1) -> int | None:
     return None
 
 
+def sentence_statistics(
+    metric: str, hypotheses: Sequence[str], references: Sequence[str]
+) -> np.ndarray:
+    """sacreBLEU's sufficient statistics of ``metric`` (``bleu`` or ``chrf``) per sentence,
+    ``(N, k)``: summed over any sample of sentences they give that sample's corpus score."""
+    return np.asarray(
+        _scorer(metric)._extract_corpus_statistics(list(hypotheses), [list(references)]),
+        dtype=np.int64,
+    )
+
+
 def sentence_deviation(
     metric: str,
-    a: Mapping[int, Sequence[str]],
-    b: Mapping[int, Sequence[str]],
-    references: Sequence[str],
+    a: Sequence[np.ndarray],
+    b: Sequence[np.ndarray],
     samples: int = 1000,
     seed: int = 12345,
 ) -> float:
     """The standard deviation, over ``samples`` test sets drawn with replacement from the
-    sentences of ``references``, of the seed-averaged corpus ``metric`` (``bleu`` or ``chrf``,
-    sacreBLEU's) of the hypotheses ``a`` minus ``b`` (``{seed: hypotheses}``, every list aligned
-    with ``references``). One draw of sentences serves every run of a sample, so the paired
-    structure of the test set is kept."""
+    sentences, of the seed-averaged corpus ``metric`` of the runs ``a`` minus the runs ``b``
+    (each run's :func:`sentence_statistics` on the same references). One draw of sentences
+    serves every run of a sample, so the paired structure of the test set is kept."""
+    scorer = _scorer(metric)
+    size = a[0].shape[0]
+    rng = np.random.default_rng(seed)
+    differences: list[float] = []
+    for start in range(0, samples, CHUNK):  # bounded memory: CHUNK draws of N counts at a time
+        # how often each sentence is drawn, one row per resampled test set: (chunk, N)
+        draws = np.stack(
+            [
+                np.bincount(rng.integers(0, size, size), minlength=size)
+                for _ in range(min(CHUNK, samples - start))
+            ]
+        )
+        means = []
+        for runs in (a, b):
+            totals = [draws @ run for run in runs]  # (chunk, k) statistics per resampled set
+            means.append(
+                [
+                    statistics.fmean(
+                        scorer._compute_score_from_stats(list(t[i])).score for t in totals
+                    )
+                    for i in range(len(draws))
+                ]
+            )
+        differences += [x - y for x, y in zip(*means, strict=True)]
+    return float(np.std(differences, ddof=1))
+
+
+def _scorer(metric: str) -> Any:
+    """sacreBLEU's ``BLEU()`` or ``CHRF()`` with its default settings (those of the scores)."""
     from sacrebleu.metrics import BLEU, CHRF
 
-    scorer = {"bleu": BLEU, "chrf": CHRF}[metric]()
-    table = {
-        side: [
-            np.asarray(scorer._extract_corpus_statistics(h, [references])) for h in runs.values()
-        ]
-        for side, runs in (("a", a), ("b", b))
-    }
-    rng = np.random.default_rng(seed)
-    size = len(references)
-    differences = np.empty(samples)
-    for i in range(samples):
-        index = rng.integers(0, size, size)
-        means = {
-            side: statistics.fmean(
-                scorer._compute_score_from_stats(list(run[index].sum(axis=0))).score for run in runs
-            )
-            for side, runs in table.items()
-        }
-        differences[i] = means["a"] - means["b"]
-    return float(differences.std(ddof=1))
+    return {"bleu": BLEU, "chrf": CHRF}[metric]()
 
 
 #: a unit of 2 to 30 characters repeated at least four times in a row (spaces and punctuation

@@ -8,13 +8,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from posenc.analysis.decision import ALPHA
 from posenc.analysis.report.findings import (
-    ALPHA,
-    DISAGREE,
     NOISE,
     NOISE_FLOOR_BLEU,
-    NOT_EVERY_SEED,
     ONE_SEED,
+    ONLY_BLEU,
+    ONLY_CHRF,
+    OPPOSITE,
+    UNINFORMATIVE,
     VERDICTS,
     WORSE,
 )
@@ -55,10 +57,9 @@ def _texts(rows: Iterable[Mapping[str, Any]], section: str, split: str, metric: 
 
 def split_reading(rows: Sequence[Mapping[str, Any]], split: str) -> str | None:
     """What the significance rows of ``split`` say under :mod:`.report.findings`' rules: the
-    best encoding and the spread of BLEU; nothing ranked at the noise floor; otherwise the
-    encodings found worse (with the size of the difference against the seed noise), those
-    significant on the pooled test sentences only and those where BLEU and chrF disagree.
-    None when the split has no significance rows."""
+    best encoding and the spread of BLEU; nothing ranked when the best is below the quality
+    floor; otherwise the encodings found behind it (by how much, with the interval) and every
+    other verdict but noise by name. None when the split has no significance rows."""
     bleu = _values(rows, "significance", split, "bleu")
     p_bleu = _values(rows, "significance", split, "p_bleu")
     if len(bleu) < 2:
@@ -80,33 +81,30 @@ def split_reading(rows: Sequence[Mapping[str, Any]], split: str) -> str | None:
         )
     verdicts = _texts(rows, "significance", split, "verdict")
     by_verdict = {v: [n for n in others if verdicts.get(n) == v] for v in VERDICTS}
-    effect = _values(rows, "significance", split, "effect_bleu")
     delta = _values(rows, "significance", split, "delta_bleu")
+    low = _values(rows, "significance", split, "low_bleu")
+    high = _values(rows, "significance", split, "high_bleu")
     parts = [text]
     if by_verdict[WORSE]:
         sizes = ", ".join(
-            f"{n} {delta[n]:+.1f} BLEU"
-            + (f" = {effect[n]:.1f} seed sd" if math.isfinite(effect.get(n, math.nan)) else "")
+            f"{n} by {delta[n]:.1f} BLEU (95% CI {low[n]:.1f} to {high[n]:.1f})"
             for n in by_verdict[WORSE]
         )
         parts.append(
-            f"Found worse, on BLEU and chrF, on every training seed and after Holm's correction "
-            f"(p < {ALPHA}): {sizes}. "
+            "Found behind it, on BLEU and chrF, beyond the noise of training seeds and test "
+            f"sentences after Holm's correction (p < {ALPHA}): {sizes}. "
         )
-    if by_verdict[NOT_EVERY_SEED]:
-        parts.append(
-            f"{_names(by_verdict[NOT_EVERY_SEED])}: worse on the pooled test sentences but not on "
-            "every seed, so not a finding. "
-        )
-    if by_verdict[ONE_SEED]:
-        parts.append(
-            f"{_names(by_verdict[ONE_SEED])}: worse on the test sentences, with one training seed "
-            "only (a finding needs two at least). "
-        )
-    if by_verdict[DISAGREE]:
-        parts.append(f"BLEU and chrF disagree on {_names(by_verdict[DISAGREE])}. ")
+    for said, words in (
+        (ONLY_BLEU, "behind on BLEU only, so not a finding"),
+        (ONLY_CHRF, "behind on chrF only, so not a finding"),
+        (OPPOSITE, "BLEU and chrF significant in opposite directions"),
+        (ONE_SEED, "one training seed, so not tested (a test needs two seeds a side)"),
+        (UNINFORMATIVE, "below the quality floor, so not compared"),
+    ):
+        if by_verdict[said]:
+            parts.append(f"{_names(by_verdict[said])}: {words}. ")
     if not by_verdict[WORSE]:
-        parts.append("No encoding is found worse beyond the noise of sentences and seeds. ")
+        parts.append("No encoding is found behind it beyond the noise of seeds and sentences. ")
     elif by_verdict[NOISE]:
         parts.append("The rest are within noise of it. ")
     return "".join(parts)
@@ -153,10 +151,10 @@ def reading(rows: Sequence[Mapping[str, Any]], splits: Sequence[str]) -> str:
     trust = (
         f"How far to trust this: {n_seeds} per encoding {budget}. "
         + (
-            "With one seed nothing can be a finding: a finding must hold on every training seed "
-            "(two at least) as well as on the test sentences; "
+            "With one seed nothing can be a finding: a test needs two training seeds a side, "
+            "and a finding must stand beyond the noise of seeds and test sentences alike; "
             if not seeds or max(seeds) < 2
-            else "A finding holds on every training seed and on the pooled test sentences; "
+            else "A finding stands beyond the noise of training seeds and test sentences alike; "
         )
         + "and a ranking this early says which encoding learns fastest, not which is best when "
         "trained to convergence."

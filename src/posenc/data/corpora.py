@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from posenc.config import plain
@@ -25,8 +25,10 @@ from posenc.data.corpus import (
     resolve_path,
 )
 from posenc.data.streams import (
+    Carving,
     Cleaner,
     carve_holdout,
+    digest,
     held_out_sets,
     kept_pairs,
     lines,
@@ -86,6 +88,37 @@ def validation_split(cfg: Mapping) -> Corpus:
     return _prepare({"valid": valid}, cfg)["valid"]
 
 
+def carve(
+    read: Callable[[str], Iterable[tuple[str, str]]], stems: list[str], cfg: Mapping
+) -> Carving:
+    """The held-out sets of a local ``data`` node (:func:`carve_holdout`), dropping from
+    training the pairs that share the sides of ``data.holdout_drops`` with them; a node
+    without that key (a run made before it existed) drops shared sources only, as then."""
+    drops = cfg.get("holdout_drops", ["source"])
+    return carve_holdout(read, stems, cfg.get("holdout") or {}, int(cfg.get("seed", 0)), drops)
+
+
+def shared_with_training(cfg: Mapping) -> dict[str, list[bool]]:
+    """For each held-out set of a local ``data`` node, in the set's order, whether its pair
+    shares a source or a target with a training pair of that node (those its holdout rule
+    keeps, before cleaning: a superset of the pairs trained on). Under ``holdout_drops:
+    [source, target]`` none does; runs made before that rule left many."""
+    cfg = plain(cfg)
+    _, stems, read = _local_files(cfg)
+    held_out: dict[str, Corpus] = {}
+    sources, targets = set(), set()
+    for source, target in training_pairs(read, stems, carve(read, stems, cfg), held_out):
+        sources.add(digest(source))
+        targets.add(digest(target))
+    return {
+        name: [
+            digest(s) in sources or digest(t) in targets
+            for s, t in zip(corpus.src, corpus.tgt, strict=True)
+        ]
+        for name, corpus in held_out.items()
+    }
+
+
 def training_stream(cfg: Mapping) -> Iterator[tuple[str, str]]:
     """The training pairs of the ``data`` node as they are read, before cleaning, shuffling and
     ``train_size`` (:func:`posenc.data.prepare.prepare_store` does those), one at a time: local
@@ -94,7 +127,7 @@ def training_stream(cfg: Mapping) -> Iterator[tuple[str, str]]:
     kind = cfg.get("kind")
     if kind == "local":
         _, stems, read = _local_files(cfg)
-        carving = carve_holdout(read, stems, cfg.get("holdout") or {}, int(cfg.get("seed", 0)))
+        carving = carve(read, stems, cfg)
         yield from training_pairs(read, stems, carving)
     elif kind == "wmt14":
         yield from _hub_pairs(cfg, "train", cfg.get("train_size"))
@@ -201,7 +234,7 @@ def _load_local(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
         if stem in stems:
             log.warning("split %r (%s) is also training data: not held-out", name, stem)
         splits[name] = read_pair(directory, stem, src_lang, tgt_lang, name)
-    carving = carve_holdout(read, stems, holdout, int(cfg.get("seed", 0)))
+    carving = carve(read, stems, cfg)
     if not with_train:
         return {**splits, **held_out_sets(read, carving)}
     held_out: dict[str, Corpus] = {}

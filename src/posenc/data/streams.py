@@ -13,7 +13,7 @@ import logging
 import random
 import re
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -159,17 +159,31 @@ def pairs(directory: Path, stem: str, src_lang: str, tgt_lang: str) -> Iterator[
 # --- held-out sets carved out of a training stem ---------------------------------------------
 
 
+#: the sides of a held-out pair that no training pair may share (``data.holdout_drops``); a
+#: config without the key (runs made before it existed) drops shared sources only
+HOLDOUT_SIDES = ("source", "target")
+
+
 @dataclass
 class Carving:
     """In-domain test sets to cut out of training stems: for each set its stem and the indices
     of its pairs there in the sample's order (``chosen``), the indices each stem loses
-    (``taken``: stem -> indices) and the digests of every held-out source (a training pair
-    with one of those sources is dropped too). The sets' text is collected by a pass over the
-    stems (:func:`training_pairs` or :func:`held_out_sets`)."""
+    (``taken``: stem -> indices) and the digests of every held-out source and target (a
+    training pair with one of those, on the sides named by ``drops``, is dropped too). The sets'
+    text is collected by a pass over the stems (:func:`training_pairs` or
+    :func:`held_out_sets`)."""
 
     chosen: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     taken: dict[str, set[int]] = field(default_factory=dict)
     sources: set[int] = field(default_factory=set)
+    targets: set[int] = field(default_factory=set)
+    drops: tuple[str, ...] = HOLDOUT_SIDES
+
+    def shares(self, source: str, target: str) -> bool:
+        """Whether a training pair shares a dropped side with a held-out pair."""
+        return (
+            "source" in self.drops and bool(self.sources) and digest(source) in self.sources
+        ) or ("target" in self.drops and bool(self.targets) and digest(target) in self.targets)
 
 
 def carve_holdout(
@@ -177,12 +191,20 @@ def carve_holdout(
     stems: list[str],
     holdout: Mapping,
     seed: int,
+    drops: Sequence[str] = HOLDOUT_SIDES,
 ) -> Carving:
     """The held-out sets of ``data.holdout`` (name -> ``{stem, size}``): a seeded random sample
     of ``size`` pairs of that stem (``read(stem)`` streams its pairs), each with a distinct,
     non-empty source, in the sample's (random) order so ``eval.max_sentences`` keeps a random
-    subset. Reads each holdout stem once and keeps 8 bytes per distinct source."""
-    carving = Carving()
+    subset; training then drops every pair that shares a side named in ``drops`` (``source``,
+    ``target``) with a held-out pair. Reads each holdout stem once and keeps 16 bytes per
+    distinct source."""
+    unknown = sorted(set(drops) - set(HOLDOUT_SIDES))
+    if unknown or not drops:
+        raise DataError(
+            f"data.holdout_drops={list(drops)}: name one or both of {list(HOLDOUT_SIDES)}"
+        )
+    carving = Carving(drops=tuple(drops))
     for name, spec in holdout.items():
         if not isinstance(spec, Mapping) or set(spec) != {"stem", "size"}:
             raise DataError(f"data.holdout.{name} must be {{stem: STEM, size: N}}, got {spec!r}")
@@ -194,9 +216,11 @@ def carve_holdout(
             )
         taken = carving.taken.setdefault(stem, set())
         first: dict[int, int] = {}  # source digest -> index of its first pair
+        target_at: dict[int, int] = {}  # that pair's target digest
         for i, (s, t) in enumerate(read(stem)):
-            if s and t and i not in taken:
-                first.setdefault(digest(s), i)
+            if s and t and i not in taken and digest(s) not in first:
+                first[digest(s)] = i
+                target_at[i] = digest(t)
         source_of = {i: key for key, i in first.items()}
         candidates = sorted(source_of)
         del first
@@ -208,6 +232,8 @@ def carve_holdout(
         chosen = random.Random(f"holdout:{seed}:{name}").sample(candidates, size)
         carving.chosen[name] = (stem, chosen)
         carving.sources.update(source_of[i] for i in chosen)
+        carving.targets.update(target_at[i] for i in chosen)
+        del target_at
         taken.update(chosen)
         log.info("%s: %d pairs held out of %s", name, size, stem)
     return carving
@@ -239,8 +265,8 @@ def training_pairs(
     held_out: dict[str, Corpus] | None = None,
 ) -> Iterator[tuple[str, str]]:
     """The pairs of the training ``stems`` in order, without the held-out pairs and without
-    every pair whose source is held out (logged at the end). When ``held_out`` is given, the
-    held-out sets are put there once the stream ends."""
+    every pair that shares a dropped side with one (:meth:`Carving.shares`; logged at the
+    end). When ``held_out`` is given, the held-out sets are put there once the stream ends."""
     dropped = 0
     found: dict[tuple[str, int], tuple[str, str]] = {}
     for stem in stems:
@@ -250,13 +276,15 @@ def training_pairs(
             count += 1
             if i in taken:
                 found[stem, i] = (s, t)
-            elif carving.sources and digest(s) in carving.sources:
+            elif carving.shares(s, t):
                 dropped += 1
             else:
                 yield s, t
         log.info("train: %s: %d pairs", stem, count)
     if carving.chosen:
-        log.info("train: dropped %d more pairs whose source is held out", dropped)
+        log.info(
+            "train: dropped %d more pairs whose %s is held out", dropped, " or ".join(carving.drops)
+        )
     if held_out is not None:
         held_out.update(_collect(carving, found))
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from posenc.analysis.reading import reading
 from posenc.analysis.report.benchtime import add_bench_curves, read_bench
+from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.html import write_html
 from posenc.analysis.report.render import Heading, Table, Text, Writer, palette
 from posenc.analysis.report.runs import (
@@ -106,7 +107,7 @@ def build_report(
     runs = [load_run(path, sweep, evaluation) for path in find_run_dirs(sweep, out)]
     if not runs:
         raise ReportError(f"no run directory (one with a config.yaml) under {sweep}")
-    splits = split_names(runs, focus)
+    splits = split_names(runs, focus.removesuffix(SUFFIX))
     reference = reference_of(runs, reference)
     out.mkdir(parents=True, exist_ok=True)
     groups = group_runs(runs)
@@ -125,6 +126,11 @@ def build_report(
             )
         )
     systems = {split: split_entries(groups, split) for split in splits}
+    clean = clean_entries(groups, splits, out)
+    systems.update(clean)
+    splits = sorted(splits + list(clean), key=lambda split: split != focus)
+    if splits and focus not in splits:
+        raise ReportError(f"split {focus!r} has no clean part: no run's held-out set leaks")
     order = system_order(systems[focus]) if splits else []
     groups.sort(key=lambda g: (order.index(g.label) if g.label in order else len(order), g.label))
     styles = palette([g.label for g in groups] + [s for per in systems.values() for s in per])

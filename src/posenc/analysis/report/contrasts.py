@@ -1,12 +1,13 @@
 """Chosen contrasts between two systems of a sweep, judged by the report's rules (:mod:`.findings`).
 
 A claim of a paper or of the seed report names two systems ("relative positions beat
-sinusoids"); the report itself only compares every system with the best one. A contrast is
-the paired bootstrap of the two on the pooled test sentences of the seeds both have, the
-difference on each of those seeds, BLEU and chrF, with Holm's correction over every contrast and
-split of the family asked for at once. It is a finding (``"<name> ahead"``) when the leader is
-ahead on both metrics, on every paired seed, after the correction, on a split above the noise
-floor; otherwise the verdict says which rule it failed.
+sinusoids"); the report itself only compares every system with the best one. A contrast is the
+decision rule of :mod:`posenc.analysis.decision` on BLEU and chrF (its unit the training run,
+the test sentences a second noise), every contrast and split asked for at once corrected as one
+family with Holm's method. It is a finding (``"<name> ahead"``) when both metrics are
+significant after the correction and agree, on a split where both systems are above the quality
+floor; otherwise the verdict says which rule it failed, and the table says how many seeds per
+system would find the observed difference.
 
 A decoding contrast (:func:`decoding_contrasts`) sets every system under a standalone evaluation
 of its runs (``RUN/evals/NAME``: beam 5, say) against the same runs' own evaluation (greedy),
@@ -16,18 +17,22 @@ judged by the same rules, and says whether the ranking of the systems changes.
 from __future__ import annotations
 
 import statistics
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from posenc.analysis.decision import MAX_SEEDS, Comparison
+from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.curves import kendall_tau
 from posenc.analysis.report.findings import (
+    LOOP_CEILING,
     NOISE_FLOOR_BLEU,
     WORSE,
-    SeedDifference,
-    holm,
-    seed_difference,
-    verdict,
+    Judgement,
+    StatisticsCache,
+    judge_family,
+    judge_pair,
 )
 from posenc.analysis.report.runs import (
     DONE,
@@ -39,83 +44,56 @@ from posenc.analysis.report.runs import (
     load_run,
     split_entries,
 )
-from posenc.analysis.report.stats import best_mean_bleu, paired_bootstrap, pooled, seed_texts
 from posenc.config.variants import settings_text
 from posenc.runtime.rundir import find_run_dirs
 
-METRICS = ("bleu", "chrf")
 MISSING = "not in the sweep"
 
 
 @dataclass
 class Contrast:
-    """``first`` against ``second`` on ``split``: the seeds compared, each metric's difference
-    ``first - second`` per seed (:class:`SeedDifference`), the bootstrap p-values (Holm-adjusted
-    once :func:`judge` has run) and the verdict."""
+    """``first`` against ``second`` on ``split``: the :class:`~.findings.Judgement` of
+    ``first - second`` (None when either is missing or they cannot be compared) and the
+    verdict (``"<leader> ahead"`` for a finding)."""
 
     split: str
     first: str
     second: str
-    seeds: tuple[int, ...] = ()
-    differences: dict[str, SeedDifference] | None = None
-    p_values: dict[str, float | None] | None = None
+    judgement: Judgement | None = None
     verdict: str = MISSING
 
     @property
     def leader(self) -> str:
-        """The system ahead on mean BLEU over the paired seeds."""
-        bleu = self.differences["bleu"].mean if self.differences else None
-        return self.second if bleu is not None and bleu < 0 else self.first
+        """The system ahead on mean BLEU."""
+        if self.judgement is None or self.judgement.first_leads:
+            return self.first
+        return self.second
 
 
 def contrast(
-    systems: dict[str, list[Entry]], split: str, first: str, second: str, samples: int
+    systems: dict[str, list[Entry]],
+    split: str,
+    first: str,
+    second: str,
+    samples: int,
+    cache: StatisticsCache,
 ) -> Contrast:
     """The unadjusted :class:`Contrast` of two systems' entries on one split (``verdict`` is
-    :data:`MISSING` when either has no run there or no seed in common)."""
+    :data:`MISSING` when either has no run there or they cannot be compared)."""
     row = Contrast(split, first, second)
-    if first not in systems or second not in systems:
-        return row
-    texts = {name: seed_texts(systems[name]) for name in (first, second)}
-    row.seeds = tuple(sorted(set(texts[first]) & set(texts[second])))
-    if not row.seeds or any(texts[first][s][1] != texts[second][s][1] for s in row.seeds):
-        row.seeds = ()
-        return row
-    named = [(name, pooled(texts[name], row.seeds, 0)) for name in (first, second)]
-    results, _ = paired_bootstrap(named, pooled(texts[first], row.seeds, 1), samples)
-    row.p_values = {m: results[1][m].p_value for m in METRICS}
-    row.differences = {m: seed_difference(systems[first], systems[second], m) for m in METRICS}
+    if first in systems and second in systems:
+        row.judgement = judge_pair(systems[first], systems[second], samples, cache)
     return row
 
 
-def judge(rows: Sequence[Contrast], best_bleu: dict[str, float]) -> None:
-    """Adjust every compared row's p-values with Holm's method over the whole family (per
-    metric) and set its verdict: ``"<leader> ahead"`` for a finding, else the rule it failed
-    (:data:`posenc.analysis.report.findings.VERDICTS`). ``best_bleu``: the best mean BLEU of each
-    split, below :data:`NOISE_FLOOR_BLEU` of which nothing is ranked."""
-    compared = [r for r in rows if r.p_values is not None]
-    for metric in METRICS:
-        raw = {i: r.p_values[metric] for i, r in enumerate(compared)}
-        adjusted = holm({i: p for i, p in raw.items() if p is not None})
-        for i, row in enumerate(compared):
-            row.p_values[metric] = adjusted.get(i)
+def judge(rows: Sequence[Contrast]) -> None:
+    """Correct every compared row as one family (:func:`~.findings.judge_family`) and set its
+    verdict: ``"<leader> ahead"`` for a finding, else the rule it failed."""
+    compared = [r for r in rows if r.judgement is not None]
+    judge_family([r.judgement for r in compared])  # type: ignore[misc]
     for row in compared:
-        ahead = {  # the leader's lead on each seed, positive where it is ahead
-            m: _oriented(row.differences[m], row.leader == row.second) for m in METRICS
-        }
-        floor = best_bleu.get(row.split, 0.0) < NOISE_FLOOR_BLEU
-        said = verdict(row.p_values, ahead, floor)
+        said = row.judgement.verdict  # type: ignore[union-attr]
         row.verdict = f"{row.leader} ahead" if said == WORSE else said
-
-
-def _oriented(difference: SeedDifference, flip: bool) -> SeedDifference:
-    if not flip:
-        return difference
-    return SeedDifference(
-        tuple(-d for d in difference.per_seed),
-        None if difference.mean is None else -difference.mean,
-        None if difference.effect is None else -difference.effect,
-    )
 
 
 def sweep_contrasts(
@@ -126,18 +104,23 @@ def sweep_contrasts(
     evaluation: str | None = None,
 ) -> list[Contrast]:
     """Every pair on every split of the sweep in ``sweep`` (systems named as the report labels
-    them: ``rope``, ``rope (pe.cross_attention=rotated)``), judged together.
+    them: ``rope``, ``rope (pe.cross_attention=rotated)``; a split ``NAME-clean`` is a held-out
+    set's clean part, :mod:`.clean`), judged together.
 
     Raises:
         ReportError: no run under ``sweep``, or ``samples`` is not positive.
     """
     groups = group_runs(_sweep_runs(sweep, samples, evaluation))
-    rows, best = [], {}
-    for split in splits:
-        systems = split_entries(groups, split)
-        best[split] = (best_mean_bleu(systems) if systems else None) or 0.0
-        rows += [contrast(systems, split, a, b, samples) for a, b in pairs]
-    judge(rows, best)
+    rows, cache = [], StatisticsCache()
+    with tempfile.TemporaryDirectory() as scratch:  # the clean splits' files, while read
+        cleaned = [s.removesuffix(SUFFIX) for s in splits if s.endswith(SUFFIX)]
+        clean = clean_entries(groups, cleaned, Path(scratch))
+        for split in splits:
+            systems = (
+                clean.get(split, {}) if split.endswith(SUFFIX) else split_entries(groups, split)
+            )
+            rows += [contrast(systems, split, a, b, samples, cache) for a, b in pairs]
+    judge(rows)
     return rows
 
 
@@ -176,16 +159,20 @@ def decoding_contrasts(
     under = [
         Group(_with(g, decoding), g.pe, g.variant, [other[r.path] for r in g.runs]) for g in own
     ]
-    rows, best, tau = [], {}, {}
+    rows, tau, cache = [], {}, StatisticsCache()
     for split in splits:
         systems = split_entries(own, split)
         decoded = split_entries(under, split)
-        best[split] = max((best_mean_bleu(s) or 0.0 for s in (systems, decoded) if s), default=0.0)
         pairs = [(g.label, u.label) for g, u in zip(own, under, strict=True) if u.label in decoded]
-        split_rows = [contrast(systems | decoded, split, b, a, samples) for a, b in pairs]
-        rows += split_rows
-        tau[split] = ranking_agreement(systems, decoded, pairs, split_rows)
-    judge(rows, best)
+        for name, decoded_name in pairs:  # the same runs under both: the seeds decoded both ways
+            seeds = {e.run.seed for e in decoded[decoded_name]}
+            same = {
+                decoded_name: decoded[decoded_name],
+                name: [e for e in systems[name] if e.run.seed in seeds],
+            }
+            rows.append(contrast(same, split, decoded_name, name, samples, cache))
+        tau[split] = ranking_agreement(systems, decoded, pairs)
+    judge(rows)
     return DecodingComparison(decoding, _decoding_name(*scored[0][::-1]), rows, tau)
 
 
@@ -219,16 +206,18 @@ def ranking_agreement(
     systems: dict[str, list[Entry]],
     decoded: dict[str, list[Entry]],
     pairs: Sequence[tuple[str, str]],
-    rows: Sequence[Contrast],
 ) -> float | None:
     """Kendall's tau between the systems' orders by mean BLEU under each decoding, each system's
-    means over the seeds of its contrast (None when fewer than two systems have any)."""
+    means over its seeds scored under both (None when fewer than two systems have any)."""
     means: dict[str, tuple[float, float]] = {}
-    for (name, decoded_name), row in zip(pairs, rows, strict=True):
-        if row.seeds:
-            means[name] = tuple(  # type: ignore[assignment]
-                statistics.fmean(e.scores["bleu"] for e in entries if e.run.seed in row.seeds)
-                for entries in (systems[name], decoded[decoded_name])
+    for name, decoded_name in pairs:
+        own = {e.run.seed: e.scores["bleu"] for e in systems[name]}
+        other = {e.run.seed: e.scores["bleu"] for e in decoded[decoded_name]}
+        seeds = sorted(set(own) & set(other))
+        if seeds:
+            means[name] = (
+                statistics.fmean(own[s] for s in seeds),
+                statistics.fmean(other[s] for s in seeds),
             )
     if len(means) < 2:
         return None
@@ -237,34 +226,45 @@ def ranking_agreement(
 
 
 def contrasts_markdown(rows: Sequence[Contrast], samples: int) -> list[str]:
-    """The rows as a markdown table (differences ``first - second``; effect = mean over the
-    pooled seed standard deviation) with a caption stating the rules."""
+    """The rows as a markdown table (differences ``first - second`` with their 95% intervals,
+    the seeds each side has, Holm-adjusted p-values, the seeds per system that would find the
+    difference) with a caption stating the rules."""
     lines = [
-        "| split | first | second | seeds | BLEU first - second (per seed) | effect (seed sd) "
-        "| chrF first - second | p BLEU | p chrF | verdict |",
+        "| split | first | second | seeds | BLEU first - second [95% CI] | chrF first - second "
+        "[95% CI] | p BLEU | p chrF | seeds for 80% power (BLEU, chrF) | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        if row.differences is None:
+        judged = row.judgement
+        if judged is None:
             lines.append(
                 f"| {row.split} | {row.first} | {row.second} | - | - | - | - | - | - | "
                 f"{row.verdict} |"
             )
             continue
-        bleu, chrf = row.differences["bleu"], row.differences["chrf"]
+        bleu, chrf = judged.comparisons["bleu"], judged.comparisons["chrf"]
+        seeds = f"{bleu.seeds[0]} / {bleu.seeds[1]}" + (" paired" if bleu.paired else "")
+        needed = ", ".join(_seeds(judged.seeds_needed, m) for m in ("bleu", "chrf"))
         lines.append(
-            f"| {row.split} | {row.first} | {row.second} | {', '.join(map(str, row.seeds))} | "
-            f"{_signed(bleu.mean)} ({', '.join(_signed(d) for d in bleu.per_seed)}) | "
-            f"{_signed(bleu.effect, 1)} | {_signed(chrf.mean)} | {_p(row.p_values['bleu'])} | "
-            f"{_p(row.p_values['chrf'])} | {row.verdict} |"
+            f"| {row.split} | {row.first} | {row.second} | {seeds} | {_interval(bleu)} | "
+            f"{_interval(chrf)} | {_p(judged.p_holm.get('bleu'))} | "
+            f"{_p(judged.p_holm.get('chrf'))} | {needed} | {row.verdict} |"
         )
     lines += [
         "",
-        f"Paired bootstrap ({samples} resamples) of the second system against the first on the "
-        "test sentences of the seeds both have, p-values adjusted with Holm's method over every "
-        "row and split above, per metric. A row is a finding (`NAME ahead`) when the leader is "
-        "ahead on BLEU and chrF, on every paired seed (two at least), after the correction, on "
-        f"a split whose best mean BLEU is at least {NOISE_FLOOR_BLEU:g}.",
+        "Each difference is the mean over the first system's seeds minus the mean over the "
+        "second's, in the metric's own points, with its 95% interval (of the row alone, before "
+        "the family's correction); its standard error adds "
+        "the spread between training seeds (paired where both have the same seeds, Welch "
+        f"otherwise) and the spread over {samples} test sets resampled from this one, with the "
+        "seeds' degrees of freedom (posenc.analysis.decision). p-values are adjusted with "
+        "Holm's method over every row, split and metric above at once. A row is a finding "
+        "(`NAME ahead`) when BLEU and chrF are both significant and agree; both systems must "
+        f"be above the quality floor (mean BLEU at least {NOISE_FLOOR_BLEU:g}, fewer than "
+        f"{LOOP_CEILING:.0%} looping translations). Seeds for 80% power: the seeds per system "
+        "that would find the observed difference at the family's Bonferroni level, given the "
+        f"observed noise (`>{MAX_SEEDS}`: not within {MAX_SEEDS}, or not with seeds at all: "
+        "the test set's own noise is larger).",
     ]
     return lines
 
@@ -274,7 +274,7 @@ def decoding_markdown(comparison: DecodingComparison, samples: int) -> list[str]
     systems each decoding leads beyond the noise and Kendall's tau between the rankings."""
     lines = contrasts_markdown(comparison.rows, samples)
     for split, tau in comparison.tau.items():
-        rows = [r for r in comparison.rows if r.split == split and r.differences is not None]
+        rows = [r for r in comparison.rows if r.split == split and r.judgement is not None]
         ahead = sum(r.verdict == f"{r.first} ahead" for r in rows)
         behind = sum(r.verdict == f"{r.second} ahead" for r in rows)
         agreement = "-" if tau is None else f"{tau:.2f}"
@@ -286,8 +286,18 @@ def decoding_markdown(comparison: DecodingComparison, samples: int) -> list[str]
     return lines
 
 
-def _signed(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:+.{digits}f}"
+def _interval(comparison: Comparison) -> str:
+    """``+1.23 [+0.40, +2.06]``, or the difference alone where there is no interval."""
+    if comparison.low is None:
+        return f"{comparison.difference:+.2f}"
+    return f"{comparison.difference:+.2f} [{comparison.low:+.2f}, {comparison.high:+.2f}]"
+
+
+def _seeds(needed: dict[str, int | None], metric: str) -> str:
+    """The seeds for power of a tested metric, ``-`` for one not tested."""
+    if metric not in needed:
+        return "-"
+    return f">{MAX_SEEDS}" if needed[metric] is None else str(needed[metric])
 
 
 def _p(value: float | None) -> str:

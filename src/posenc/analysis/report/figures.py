@@ -165,34 +165,46 @@ def plot_scores(
 def plot_intervals(
     w: Writer,
     split: str,
-    intervals: dict[str, dict[str, tuple[float, float]]],
+    baseline: str,
+    differences: dict[str, dict[str, tuple[float, float, float]]],
     styles: dict[str, Any],
 ) -> Figure:
-    """``intervals_SPLIT.png``: each system's bootstrap mean and 95% CI over test sentences
-    (``intervals``: system -> ``{"bleu"|"chrf": (mean, half width)}``, systems in rank order,
-    the first on top), one panel per metric: where the intervals overlap, the gaps between
-    bars say little."""
+    """``intervals_SPLIT.png``: each system's difference from ``baseline`` with its 95%
+    interval (``differences``: system -> ``{"bleu"|"chrf": (difference, low, high)}``, the
+    system minus the baseline, systems in rank order, the first on top), one panel per metric,
+    a line at no difference: an interval clear of it is a difference beyond the seeds' and
+    sentences' noise (before the family's correction)."""
     metrics = [
         (m, label)
         for m, label in (("bleu", "BLEU"), ("chrf", "chrF"))
-        if any(m in per for per in intervals.values())
+        if any(m in per for per in differences.values())
     ]
-    names = list(intervals)
+    names = list(differences)
     fig, axes = new_figure(10, 0.8 + 0.28 * max(len(names), 3), max(len(metrics), 1))
     for panel, (ax, (metric, label)) in enumerate(zip(axes, metrics, strict=False)):
         for i, name in enumerate(names):
-            if metric not in intervals[name]:
+            if metric not in differences[name]:
                 continue
-            mean, half = intervals[name][metric]
+            value, low, high = differences[name][metric]
             style = styles.get(name, GREY)
-            ax.errorbar(mean, i, xerr=half, fmt=style["marker"], color=style["color"], capsize=3)
+            ax.errorbar(
+                value,
+                i,
+                xerr=[[value - low], [high - value]],
+                fmt=style["marker"],
+                color=style["color"],
+                capsize=3,
+            )
+        ax.axvline(0.0, color="black", linewidth=0.8)
         # the same rows in every panel: named once, on the left, leaving the others their width
         ax.set_yticks(range(len(names)), names if panel == 0 else [], fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlabel(f"{label} (bootstrap mean ± 95% CI)")
+        ax.set_xlabel(f"{label}: system minus {baseline} (95% interval)")
         ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(f"{split}: 95% bootstrap intervals over test sentences", fontsize=9)
-    w.figure(fig, f"intervals_{slug(split)}.png", f"bootstrap intervals on {split}")
+    fig.suptitle(
+        f"{split}: differences from {baseline}, seeds and test sentences as noise", fontsize=9
+    )
+    w.figure(fig, f"intervals_{slug(split)}.png", f"differences from the baseline on {split}")
     return fig
 
 

@@ -1,102 +1,164 @@
-"""When a difference between two encodings is a finding (DESIGN.md's rules): it survives the test
-sentences (sacreBLEU's paired bootstrap) after Holm's correction for the number of encodings
-compared, it survives the training seeds (the better one is better on every paired seed), BLEU
-and chrF agree, and its size is stated against the seed noise. A split whose best BLEU is at the
-noise floor ranks nothing."""
+"""When a difference between two systems is a finding (DESIGN.md's rules), for the report, the
+contrasts and the decoding tables alike: the decision rule of :mod:`posenc.analysis.decision`
+(its unit the training run, the test sentences a second noise) on BLEU and on chrF; one family
+of comparisons corrected at once with Holm's method; a quality floor per comparison (both
+systems above it, or nothing is tested); BLEU and chrF agreeing. Each comparison also says how
+many seeds per system would find its observed difference."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import numpy as np
+
+from posenc.analysis.decision import (
+    ALPHA,
+    Comparison,
+    compare_scores,
+    holm,
+    loop_share,
+    seeds_for_power,
+    sentence_deviation,
+    sentence_statistics,
+)
 from posenc.analysis.report.runs import Entry
+from posenc.analysis.report.stats import read_lines
 
-#: the significance level, after the correction
-ALPHA = 0.05
-#: below this mean BLEU of the best system a split ranks nothing: a BLEU of about 1 is what
-#: a model that does not translate yet scores by chance n-gram matches
+METRICS = ("bleu", "chrf")
+#: a system whose mean BLEU on a split is below this is not compared there: a BLEU of about 1
+#: is what a model that does not translate yet scores by chance n-gram matches
 NOISE_FLOOR_BLEU = 2.0
+#: ... nor one whose translations loop (:func:`posenc.analysis.decision.loops`) this often
+LOOP_CEILING = 0.5
 
-WORSE = "worse"  #: a finding: worse than the baseline on both metrics, every seed, corrected
-DISAGREE = "BLEU and chrF disagree"
-NOT_EVERY_SEED = "not on every seed"
-ONE_SEED = "one seed only"  #: significant, but a finding needs two training seeds at least
+WORSE = "worse"  #: a finding: behind on BLEU and chrF after the family's correction
+ONLY_BLEU = "only BLEU significant"
+ONLY_CHRF = "only chrF significant"
+OPPOSITE = "BLEU and chrF point opposite ways"  #: both significant, in opposite directions
+ONE_SEED = "one seed only"  #: a side has one seed: its seed noise is unknown, nothing is tested
 NOISE = "within noise"
-UNINFORMATIVE = "uninformative (noise floor)"
-VERDICTS = (WORSE, DISAGREE, NOT_EVERY_SEED, ONE_SEED, NOISE, UNINFORMATIVE)
+UNINFORMATIVE = "below the quality floor"
+VERDICTS = (WORSE, ONLY_BLEU, ONLY_CHRF, OPPOSITE, ONE_SEED, NOISE, UNINFORMATIVE)
 
 
-def holm(p_values: Mapping[str, float]) -> dict[str, float]:
-    """Holm's step-down adjustment of ``{name: p}`` (family-wise error over them all)."""
-    order = sorted(p_values, key=lambda name: p_values[name])
-    adjusted, running = {}, 0.0
-    for rank, name in enumerate(order):
-        running = max(running, min(1.0, (len(order) - rank) * p_values[name]))
-        adjusted[name] = running
-    return adjusted
+class StatisticsCache:
+    """Each hypothesis file's sentence statistics per metric, computed once per report (a file
+    takes part in many comparisons)."""
+
+    def __init__(self) -> None:
+        self._table: dict[tuple[Path, Path, str], np.ndarray] = {}
+
+    def of(self, entry: Entry, metric: str) -> np.ndarray | None:
+        """``(N, k)`` statistics of the entry's hypotheses, None without both files."""
+        key = (entry.hypotheses, entry.references, metric)
+        if key not in self._table:
+            hyps, refs = read_lines(entry.hypotheses), read_lines(entry.references)
+            if not hyps or not refs or len(hyps) != len(refs):
+                return None
+            self._table[key] = sentence_statistics(metric, hyps, refs)
+        return self._table[key]
 
 
-@dataclass(frozen=True)
-class SeedDifference:
-    """The baseline's score minus a system's on each training seed both have (corpus scores of
-    each run), their mean and the mean against the seed noise (the pooled standard deviation of
-    the two systems' scores over seeds; None with fewer than two seeds each)."""
+@dataclass
+class Judgement:
+    """``first`` against ``second`` on one split: per metric the decision rule's
+    :class:`~posenc.analysis.decision.Comparison` of ``first - second``; whether a side is below
+    the quality floor, each side's mean share of looping translations; after
+    :func:`judge_family`, the Holm-adjusted p-values, the seeds that would find each tested
+    difference (None: not within :data:`~posenc.analysis.decision.MAX_SEEDS`; no entry for a
+    metric that was not tested) and the verdict."""
 
-    per_seed: tuple[float, ...]
-    mean: float | None
-    effect: float | None
+    comparisons: dict[str, Comparison]
+    floor: bool
+    loops: tuple[float, float]
+    p_holm: dict[str, float | None] = field(default_factory=dict)
+    seeds_needed: dict[str, int | None] = field(default_factory=dict)
+    verdict: str = ""
 
     @property
-    def every_seed(self) -> bool:
-        """The baseline is ahead on every paired seed (and there are at least two)."""
-        return len(self.per_seed) >= 2 and all(d > 0 for d in self.per_seed)
+    def first_leads(self) -> bool:
+        """Whether ``first`` is ahead on mean BLEU (ties count for it)."""
+        return self.comparisons["bleu"].difference >= 0
 
 
-def seed_difference(
-    baseline: Sequence[Entry], system: Sequence[Entry], metric: str
-) -> SeedDifference:
-    """:class:`SeedDifference` of ``metric`` between two systems' entries (one run per seed)."""
-    base = {e.run.seed: e.scores.get(metric) for e in baseline}
-    other = {e.run.seed: e.scores.get(metric) for e in system}
-    seeds = sorted(
-        s for s in set(base) & set(other) if base[s] is not None and other[s] is not None
+def by_seed(entries: Sequence[Entry]) -> dict[int, Entry]:
+    """The first entry of each training seed."""
+    found: dict[int, Entry] = {}
+    for entry in entries:
+        found.setdefault(entry.run.seed, entry)
+    return found
+
+
+def judge_pair(
+    first: Sequence[Entry],
+    second: Sequence[Entry],
+    samples: int,
+    cache: StatisticsCache,
+) -> Judgement | None:
+    """The unadjusted :class:`Judgement` of two systems' entries on one split, with
+    ``samples`` resampled test sets for the sentence noise; None when a run lacks its
+    hypotheses or scores, or the two were scored against different references."""
+    sides = (by_seed(first), by_seed(second))
+    references = {tuple(read_lines(e.references) or ()) for side in sides for e in side.values()}
+    if len(references) != 1 or references == {()}:
+        return None
+    comparisons = {}
+    for metric in METRICS:
+        scores = [{s: e.scores.get(metric) for s, e in side.items()} for side in sides]
+        tables = [[cache.of(e, metric) for e in side.values()] for side in sides]
+        if any(v is None for side in scores for v in side.values()) or any(
+            t is None for side in tables for t in side
+        ):
+            return None
+        noise = sentence_deviation(metric, *tables, samples=samples)
+        comparisons[metric] = compare_scores(*scores, sentence_se=noise)
+    loops = tuple(
+        statistics.fmean(loop_share(read_lines(e.hypotheses) or []) for e in side.values())
+        for side in sides
     )
-    per_seed = tuple(float(base[s]) - float(other[s]) for s in seeds)
-    if not per_seed:
-        return SeedDifference((), None, None)
-    mean = statistics.fmean(per_seed)
-    spreads = [
-        statistics.stdev(values)
-        for values in ([base[s] for s in seeds], [other[s] for s in seeds])
-        if len(values) >= 2
-    ]
-    pooled = (sum(s * s for s in spreads) / len(spreads)) ** 0.5 if len(spreads) == 2 else None
-    effect = mean / pooled if pooled else None
-    return SeedDifference(per_seed, mean, effect)
+    bleu = [statistics.fmean(e.scores["bleu"] for e in side.values()) for side in sides]
+    floor = min(bleu) < NOISE_FLOOR_BLEU or max(loops) >= LOOP_CEILING
+    return Judgement(comparisons, floor, loops)  # type: ignore[arg-type]
 
 
-def verdict(
-    p_adjusted: Mapping[str, float | None],
-    differences: Mapping[str, SeedDifference],
-    floor: bool,
-) -> str:
-    """The verdict on one system against the baseline from its Holm-adjusted bootstrap p-values
-    and seed differences on ``bleu`` and ``chrf`` (the baseline's score minus the system's);
-    ``floor``: the split is at the noise floor. The metrics disagree when only one is
-    significant or when both are and their mean differences point opposite ways."""
-    if floor:
+def judge_family(judgements: Sequence[Judgement]) -> None:
+    """Correct every p-value of ``judgements`` (both metrics of every comparison above the
+    floor) at once with Holm's method, then set each one's seeds for power (at the family's
+    Bonferroni level) and verdict."""
+    tested = {
+        (i, metric): c.p
+        for i, j in enumerate(judgements)
+        if not j.floor
+        for metric, c in j.comparisons.items()
+        if c.p is not None
+    }
+    adjusted = holm(tested)
+    for i, judgement in enumerate(judgements):
+        judgement.p_holm = {m: adjusted.get((i, m)) for m in judgement.comparisons}
+        judgement.seeds_needed = {
+            m: seeds_for_power(c, len(tested))
+            for m, c in judgement.comparisons.items()
+            if (i, m) in tested
+        }
+        judgement.verdict = verdict(judgement)
+
+
+def verdict(judgement: Judgement) -> str:
+    """:data:`WORSE` when both metrics are significant after the correction and agree (the
+    caller names who leads), else the rule it failed (:data:`VERDICTS`)."""
+    if judgement.floor:
         return UNINFORMATIVE
-    significant = {m: p is not None and p < ALPHA for m, p in p_adjusted.items()}
+    if any(p is None for p in (c.p for c in judgement.comparisons.values())):
+        return ONE_SEED
+    significant = {m: p is not None and p < ALPHA for m, p in judgement.p_holm.items()}
     if not any(significant.values()):
         return NOISE
-    if not all(significant.values()):
-        return DISAGREE
-    means = [differences[m].mean for m in p_adjusted if differences[m].mean is not None]
-    if len({mean > 0 for mean in means}) > 1:
-        return DISAGREE
-    if all(differences[m].every_seed for m in p_adjusted):
-        return WORSE
-    if any(len(differences[m].per_seed) < 2 for m in p_adjusted):
-        return ONE_SEED
-    return NOT_EVERY_SEED
+    if not significant["bleu"]:
+        return ONLY_CHRF
+    if not significant["chrf"]:
+        return ONLY_BLEU
+    signs = {c.difference > 0 for c in judgement.comparisons.values()}
+    return WORSE if len(signs) == 1 else OPPOSITE

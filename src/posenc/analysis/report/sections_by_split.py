@@ -1,39 +1,36 @@
 """The report's sections about scores, one subsection per split of the metrics (the focus split
-first): 3. Scores, 4. Significance (sacreBLEU's paired bootstrap against the best system) and
-5. Length buckets."""
+first): 3. Scores, 4. Significance (the decision rule against the best system, one family for
+the report) and 5. Length buckets."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from posenc.analysis.decision import ALPHA, MAX_SEEDS, Comparison
 from posenc.analysis.report.figures import plot_buckets, plot_intervals, plot_scores
 from posenc.analysis.report.findings import (
-    ALPHA,
+    LOOP_CEILING,
     NOISE_FLOOR_BLEU,
     UNINFORMATIVE,
     WORSE,
-    SeedDifference,
-    holm,
-    seed_difference,
-    verdict,
+    Judgement,
+    StatisticsCache,
+    judge_family,
+    judge_pair,
 )
 from posenc.analysis.report.render import SECTIONS, Table, Writer, fmt, fmt_stats, record_stats
 from posenc.analysis.report.runs import FAILED, Entry, Run
 from posenc.analysis.report.stats import (
     SCORES,
-    Paired,
-    best_mean_bleu,
     bucket_label,
     bucket_values,
     length_limits,
     limit_on_axis,
     mean_std,
-    p_value,
     score_limits,
     seed_list,
     seed_texts,
-    significance_rows,
     system_order,
 )
 
@@ -69,17 +66,20 @@ def split_sections(
     tables = [section_scores(w, split, systems[split], styles, ranges) for split in splits]
     w.heading(SECTIONS[3])
     w.text(
-        f"sacreBLEU's paired bootstrap resampling (`sacrebleu.significance.PairedTest`, "
-        f"`test_type='bs'`, {samples} resamples, its default seed unless `SACREBLEU_SEED` is "
-        "set) of each system against the best one by mean BLEU. With several seeds the "
-        "hypotheses of the seeds both systems have are concatenated in seed order against "
-        "the references repeated as often; the baseline's own row uses all its seeds. "
-        f"{SEEDS_COLUMN}, as in the score tables: here the seeds compared (those this system "
-        "shares with the baseline), so a row can list fewer seeds than its score row. "
-        "p is the chance of a difference at least as large under the null hypothesis."
+        "Each system against the best one by mean BLEU (the baseline), by the decision rule "
+        "whose unit is the training run (`posenc.analysis.decision`): Δ is the baseline's mean "
+        "score over its seeds minus the system's over its own, in the metric's points, with a "
+        "95% interval (of the row alone) whose standard error adds the spread between training "
+        "seeds (paired where both have the same seeds, Welch otherwise) and the spread over "
+        f"{samples} test sets resampled from this one, with the seeds' degrees of freedom. "
+        "p-values are adjusted with Holm's method over every system, metric and split of this "
+        f"report at once (one family). {SEEDS_COLUMN}, as in the score tables."
     )
+    cache = StatisticsCache()
+    judged = {split: significance_rows(systems[split], samples, cache) for split in splits}
+    judge_family([j for rows in judged.values() for _, j in rows[1:] if j is not None])
     for split in splits:
-        section_significance(w, split, systems[split], samples, styles)
+        section_significance(w, split, systems[split], judged[split], styles)
     w.heading(SECTIONS[4])
     limits = length_limits([r for r in runs if r.status != FAILED])
     w.text(*limit_notes(limits))
@@ -174,113 +174,130 @@ def signature_lines(w: Writer, systems: dict[str, list[Entry]]) -> None:
 # ---------------------------------------------------------------- 4. significance
 
 
-def section_significance(
-    w: Writer, split: str, systems: dict[str, list[Entry]], samples: int, styles: dict[str, Any]
-) -> None:
-    """Every system against the best one on ``split``: sacreBLEU's paired bootstrap p-values,
-    Holm-adjusted over the systems compared, the difference on each training seed and its size
-    against the seed noise, and the verdict of :mod:`.findings`."""
-    w.heading(f"{split}", 3)
+Row = tuple[str, Judgement | None]
+"""A system of the significance table and its judgement against the baseline (the baseline's
+own row first, with None)."""
+
+
+def significance_rows(
+    systems: dict[str, list[Entry]], samples: int, cache: StatisticsCache
+) -> list[Row]:
+    """The baseline (the best system by mean BLEU among those with hypotheses) and every other
+    system judged against it, unadjusted; empty with fewer than two such systems."""
     usable = {name: entries for name, entries in systems.items() if seed_texts(entries)}
     if len(usable) < 2:
+        return []
+    order = system_order(usable)
+    baseline = usable[order[0]]
+    return [(order[0], None)] + [
+        (name, judge_pair(baseline, usable[name], samples, cache)) for name in order[1:]
+    ]
+
+
+def section_significance(
+    w: Writer,
+    split: str,
+    systems: dict[str, list[Entry]],
+    rows: list[Row],
+    styles: dict[str, Any],
+) -> None:
+    """The table of every system against the baseline on ``split`` (judged, Holm-adjusted
+    with the report's whole family), its figure of the differences and the verdicts' rules."""
+    w.heading(f"{split}", 3)
+    if not rows:
         w.text("Fewer than two systems have hypothesis files for this split: nothing to compare.")
         return
-    baseline = system_order(usable)[0]
-    rows, signatures = significance_rows(usable, baseline, samples)
-    others = [row for row in rows if row.system != baseline]
-    adjusted = {
-        metric: holm({r.system: p for r in others if (p := p_value(r, metric)) is not None})
-        for metric in ("bleu", "chrf")
-    }
-    best_bleu = best_mean_bleu(usable)
-    floor = best_bleu is not None and best_bleu < NOISE_FLOOR_BLEU
+    baseline = rows[0][0]
+    judged = [j for _, j in rows[1:] if j is not None]
+    best = mean_std(e.scores.get("bleu") for e in systems[baseline])
+    floor = (best is not None and best[0] < NOISE_FLOOR_BLEU) or any(
+        j.loops[0] >= LOOP_CEILING for j in judged
+    )
     w.record("significance", split, baseline, "", "noise_floor", int(floor))
-    table = [_significance_cells(w, split, rows[0], baseline, {}, {}, "")]
-    for row in others:
-        p_adj = {m: adjusted[m].get(row.system) for m in adjusted}
-        differences = {m: seed_difference(usable[baseline], usable[row.system], m) for m in p_adj}
-        judged = verdict(p_adj, differences, floor) if row.results else ""
-        table.append(_significance_cells(w, split, row, baseline, p_adj, differences, judged))
+    table = [
+        _significance_cells(w, split, name, systems[name], judgement) for name, judgement in rows
+    ]
     w.table(
         [
             "system",
             "seeds",
-            "BLEU (bootstrap mean ± 95% CI)",
-            "p (BLEU)",
+            "BLEU",
+            "Δ BLEU [95% CI]",
             "p Holm",
-            "chrF (bootstrap mean ± 95% CI)",
-            "p (chrF)",
+            "chrF",
+            "Δ chrF [95% CI]",
             "p Holm",
-            "Δ BLEU per seed",
-            "Δ / seed sd",
+            "looping",
+            "seeds for 80% power",
             "verdict",
-            "note",
         ],
         table,
     )
-    intervals = {
-        row.system: {
-            m: (result.mean, result.ci)
-            for m, result in row.results.items()
-            if result is not None and result.ci is not None
-        }
-        for row in rows
-        if row.results
+    differences = {
+        name: {m: _drawn(c) for m, c in j.comparisons.items() if c.low is not None}
+        for name, j in rows[1:]
+        if j is not None
     }
-    if intervals:
-        plot_intervals(w, split, intervals, styles)
+    if any(differences.values()):
+        plot_intervals(w, split, baseline, differences, styles)
     w.text(
-        f"Baseline: **{baseline}** (best mean BLEU). Test signatures: "
-        + ", ".join(f"{m} `{s}`" for m, s in signatures.items()),
-        f"Verdicts: **{WORSE}** is a finding: both Holm-adjusted p-values (over the "
-        f"{len(others)} systems compared) below {ALPHA}, and the baseline ahead on BLEU and chrF "
-        f"on every paired training seed (two at least). Δ is the baseline's corpus score minus "
-        "the system's on each seed; Δ / seed sd divides its mean by the pooled standard "
-        "deviation of the two systems' scores over seeds (the noise a rerun with another seed "
-        f"brings). A split whose best mean BLEU is below {NOISE_FLOOR_BLEU} ranks nothing "
-        f"({UNINFORMATIVE}).",
+        f"Baseline: **{baseline}** (best mean BLEU). Verdicts: **{WORSE}** is a finding: BLEU "
+        f"and chrF both below {ALPHA} after the family's correction and pointing the same "
+        "way; otherwise the row says which metric alone is significant, or that they point "
+        f"opposite ways, or {'one seed only'} (a side with one seed: its seed noise is "
+        f"unknown), or within noise. {UNINFORMATIVE.capitalize()}: a side with a mean BLEU "
+        f"below {NOISE_FLOOR_BLEU:g} or with {LOOP_CEILING:.0%} or more looping translations "
+        "(a stretch of 2-30 characters four times in a row) is not compared. Seeds for 80% "
+        "power: the seeds per system that would find the observed difference at the "
+        f"family's Bonferroni level (`>{MAX_SEEDS}`: not within {MAX_SEEDS}).",
     )
 
 
+def _drawn(comparison: Comparison) -> tuple[float, float, float]:
+    """The system minus the baseline with its interval: the judgement is the other way round."""
+    return -comparison.difference, -comparison.high, -comparison.low  # type: ignore[operator]
+
+
 def _significance_cells(
-    w: Writer,
-    split: str,
-    row: Paired,
-    baseline: str,
-    p_adjusted: dict[str, float | None],
-    differences: dict[str, SeedDifference],
-    judged: str,
+    w: Writer, split: str, name: str, entries: list[Entry], judgement: Judgement | None
 ) -> list[str]:
     """One row of the significance table, its numbers also recorded in the report's CSV."""
-    cells = [row.system, ", ".join(map(str, row.seeds)) or "—"]
+    seeds = ", ".join(str(s) for s in sorted({e.run.seed for e in entries}))
+    cells = [name, seeds or "—"]
     for metric in ("bleu", "chrf"):
-        result, p = row.results.get(metric), p_value(row, metric)
-        score = None if result is None else result.score
-        recorded = {metric: score, f"p_{metric}": p, f"p_{metric}_holm": p_adjusted.get(metric)}
-        for name, value in recorded.items():
-            w.record("significance", split, row.system, "", name, value)
-        ci = (
-            "" if result is None or result.ci is None else f" ({result.mean:.2f} ± {result.ci:.2f})"
+        mean = mean_std(e.scores.get(metric) for e in entries)
+        score = None if mean is None else mean[0]
+        w.record("significance", split, name, "", metric, score)
+        cells.append(fmt(score))
+        if judgement is None:
+            cells += ["baseline", ""]
+            continue
+        comparison = judgement.comparisons[metric]
+        p = judgement.p_holm.get(metric)
+        for key, value in {
+            f"delta_{metric}": comparison.difference,
+            f"low_{metric}": comparison.low,
+            f"high_{metric}": comparison.high,
+            f"p_{metric}": p,
+        }.items():
+            w.record("significance", split, name, "", key, value)
+        interval = (
+            "" if comparison.low is None else (f" [{comparison.low:+.2f}, {comparison.high:+.2f}]")
         )
-        first = row.system == baseline
-        cells += [
-            fmt(score) + ci,
-            "baseline" if first else fmt(p, 4),
-            "" if first else fmt(p_adjusted.get(metric), 4),
-        ]
-    bleu = differences.get("bleu")
-    if bleu is not None:
-        w.record("significance", split, row.system, "", "delta_bleu", bleu.mean)
-        w.record("significance", split, row.system, "", "effect_bleu", bleu.effect)
-    if judged:
-        w.record("significance", split, row.system, "", "verdict", judged)
-    cells += [
-        ", ".join(f"{d:+.2f}" for d in bleu.per_seed) if bleu else "",
-        fmt(bleu.effect) if bleu else "",
-        judged,
-        row.note if row.note != "baseline" else "",
-    ]
-    return cells
+        cells += [f"{comparison.difference:+.2f}{interval}", fmt(p, 4)]
+    if judgement is None:
+        return cells + ["", "", ""]
+    w.record("significance", split, name, "", "verdict", judgement.verdict)
+    w.record("significance", split, name, "", "loops", judgement.loops[1])
+    needed = ", ".join(
+        "-"
+        if m not in judgement.seeds_needed
+        else (
+            f">{MAX_SEEDS}" if judgement.seeds_needed[m] is None else str(judgement.seeds_needed[m])
+        )
+        for m in ("bleu", "chrf")
+    )
+    return cells + [f"{judgement.loops[1]:.0%}", needed, judgement.verdict]
 
 
 # ---------------------------------------------------------------- 5. length buckets

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ from posenc.config import LENGTH_LIMITS
 from posenc.runtime import untrusted
 
 #: the note of a system whose output equals the baseline's (its p-value is 1 by definition)
-IDENTICAL = "output identical to the baseline's: p = 1"
 
 #: a mean over seeds: (mean, sample standard deviation, number of values)
 Stats = tuple[float, float, int]
@@ -95,19 +93,7 @@ def score_limits(splits: Iterable[dict[str, list[Entry]]]) -> dict[str, tuple[fl
     return limits
 
 
-# ---------------------------------------------------------------- significance
-
-
-@dataclass
-class Paired:
-    """A row of the significance table: a system, the seeds it was compared on, its sacreBLEU
-    results per metric (``{"bleu": Result, "chrf": Result}``) and a note (why it was not
-    compared, ``baseline`` or :data:`IDENTICAL`)."""
-
-    system: str
-    seeds: tuple[int, ...] = ()
-    results: dict[str, Any] = field(default_factory=dict)
-    note: str = ""
+# ---------------------------------------------------------------- hypotheses and references
 
 
 #: the largest hypothesis or reference file read (newstest2014's references are 0.4 MB)
@@ -131,91 +117,6 @@ def seed_texts(entries: Sequence[Entry]) -> dict[int, tuple[list[str], list[str]
         if hyps and refs and len(hyps) == len(refs) and entry.run.seed not in texts:
             texts[entry.run.seed] = (hyps, refs)
     return texts
-
-
-def paired_bootstrap(
-    named: list[tuple[str, list[str]]], references: list[str], samples: int
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """sacreBLEU's paired bootstrap test of ``named[1:]`` against ``named[0]`` on BLEU and chrF.
-
-    Returns per system ``{"bleu": Result, "chrf": Result}`` (``score``, ``p_value``, bootstrap
-    ``mean`` and 95% ``ci``; the baseline has no p-value) and the test signatures
-    ``{"bleu": str, "chrf": str}``.
-    """
-    from sacrebleu.metrics import BLEU, CHRF
-    from sacrebleu.significance import PairedTest
-
-    metrics = {"bleu": BLEU(), "chrf": CHRF()}
-    test = PairedTest(named, metrics, [references], test_type="bs", n_samples=samples)
-    signatures, scores = test()
-    names = [k for k in scores if k != "System"]  # sacrebleu's own names: BLEU, chrF2
-    results = [
-        {m: scores[n][i] for m, n in zip(metrics, names, strict=True)} for i in range(len(named))
-    ]
-    return results, {m: str(signatures[n]) for m, n in zip(metrics, names, strict=True)}
-
-
-def pooled(
-    texts: dict[int, tuple[list[str], list[str]]], seeds: Iterable[int], side: int
-) -> list[str]:
-    """The lines of ``seeds``' texts (:func:`seed_texts`), in seed order: their hypotheses
-    (``side`` 0) or references (1), pooled for one paired bootstrap."""
-    return [line for s in seeds for line in texts[s][side]]
-
-
-def best_mean_bleu(systems: dict[str, list[Entry]]) -> float | None:
-    """The mean BLEU over seeds of the best system (:func:`system_order`), None without BLEU:
-    below :data:`~posenc.analysis.report.findings.NOISE_FLOOR_BLEU` a split ranks nothing."""
-    stats = mean_std(e.scores.get("bleu") for e in systems[system_order(systems)[0]])
-    return stats[0] if stats else None
-
-
-def significance_rows(
-    systems: dict[str, list[Entry]], baseline: str, samples: int
-) -> tuple[list[Paired], dict[str, str]]:
-    """Every system against ``baseline`` on the seeds both have (hypotheses concatenated in seed
-    order); systems sharing the same seeds go through one ``PairedTest``. The baseline's own row
-    (first) uses all its seeds; the others follow by mean BLEU. A system whose output equals the
-    baseline's gets p = 1 (sacrebleu's formula gives 1/(N+1) for a zero difference). Returns the
-    rows and the test signatures (``{"bleu": str, "chrf": str}``)."""
-    base = seed_texts(systems[baseline])
-    top = Paired(baseline, tuple(sorted(base)), note="baseline")
-    rows = [top]
-    by_seeds: dict[tuple[int, ...], list[Paired]] = {top.seeds: []}
-    hyps: dict[str, list[str]] = {}
-    for name in system_order(systems):
-        if name == baseline:
-            continue
-        texts = seed_texts(systems[name])
-        row = Paired(name, tuple(sorted(set(texts) & set(base))))
-        rows.append(row)
-        if not row.seeds:
-            row.note = "no hypotheses for a seed the baseline has"
-        elif any(texts[s][1] != base[s][1] for s in row.seeds):
-            row.note = "references differ from the baseline's"
-        else:
-            hyps[name] = pooled(texts, row.seeds, 0)
-            by_seeds.setdefault(row.seeds, []).append(row)
-            if hyps[name] == pooled(base, row.seeds, 0):
-                row.note = IDENTICAL
-    signatures: dict[str, str] = {}
-    for seeds, group in by_seeds.items():
-        named = [(baseline, pooled(base, seeds, 0)), *[(r.system, hyps[r.system]) for r in group]]
-        results, signatures = paired_bootstrap(named, pooled(base, seeds, 1), samples)
-        if seeds == top.seeds:
-            top.results = results[0]
-        for row, result in zip(group, results[1:], strict=True):
-            row.results = result
-    return rows, signatures
-
-
-def p_value(row: Paired, metric: str) -> float | None:
-    """The row's p-value on ``metric`` (1 for output identical to the baseline's; None for the
-    baseline and for rows that were not compared)."""
-    if row.note == IDENTICAL:
-        return 1.0
-    result = row.results.get(metric)
-    return None if result is None else result.p_value
 
 
 # ---------------------------------------------------------------- length buckets
