@@ -1,20 +1,19 @@
-"""Loss differences on a source-length bucket, tested over the sentences and the seeds.
+"""Loss differences on a source-length bucket, judged by the decision rule whose unit is the
+training run (:mod:`posenc.analysis.decision`).
 
 Whether a system's test loss on the bucket differs from a baseline's (the runs'
-``reference_pe`` unless named) beyond the noise of the test sentences and of the training seeds,
+``reference_pe`` unless named) beyond the noise of the training seeds and of the test sentences,
 from each run's sentence losses (:mod:`posenc.evaluation.sentence_losses`). For every system
 against the baseline, on the bucket's sentences:
 
-- per paired seed, the difference of the loss per target token, the system's minus the
-  baseline's (both scored on the same references, so on the same tokens; negative = lower loss);
-- their mean, and the mean against the seed noise (over the pooled standard deviation of the two
-  systems' bucket losses over seeds, as the report's effect sizes);
-- p of a paired bootstrap over the bucket's sentences (the same resampled sentences for every
-  seed and both systems; two-sided: twice the smaller share of resampled mean differences on
-  either side of zero, never below 1 / (resamples + 1));
+- each run's loss per target token on the bucket (the same references, so the same tokens);
+- the difference of the two systems' means over their seeds (negative = lower loss) with its
+  95% interval and p from the rule: the seeds' spread (paired where both have the same seeds,
+  Welch otherwise) plus the spread over resampled bucket sentences (the same resampled
+  sentences for every run of both systems), with the seeds' degrees of freedom;
 - Holm's correction over the systems compared. A difference is a finding when the corrected
-  p < 0.05 and every paired seed, two at least, has its sign (DESIGN.md's rules; a loss has no
-  second metric to agree with).
+  p < 0.05 (a loss has no second metric to agree with); with one seed a side nothing is
+  tested; the seeds per system that would find it are given where it is not.
 
 ``python scripts/bucket_contrasts.py SWEEP [--bucket 80-120] [--baseline NAME]
 [--bootstrap 10000] [--eval NAME]`` prints the table; with ``--eval 'eval.pe_variants=*'
@@ -24,14 +23,20 @@ against the baseline, on the bucket's sentences:
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from posenc.analysis.decision import ALPHA, holm
+from posenc.analysis.decision import (
+    ALPHA,
+    MAX_SEEDS,
+    Comparison,
+    compare_scores,
+    holm,
+    seeds_for_power,
+)
 from posenc.analysis.penalty import done_runs, systems_of
 from posenc.analysis.report.runs import Entry, reference_of
 from posenc.analysis.report.stats import Stats, mean_std
@@ -39,34 +44,31 @@ from posenc.evaluation.sentence_losses import SentenceLosses, read_losses
 
 LOWER = "lower loss (finding)"
 HIGHER = "higher loss (finding)"
-NOT_EVERY_SEED = "not on every seed"
 ONE_SEED = "one seed only"
 NOISE = "within noise"
 
 
 @dataclass(frozen=True)
 class BucketContrast:
-    """One system against the baseline on one bucket: ``per_seed`` differences (system minus
-    baseline, nats per target token) over ``seeds``, their ``mean`` and ``effect`` (None with
-    fewer than two seeds each), the system's bucket ``loss`` over seeds (mean, sd), the
-    bootstrap ``p`` and its Holm-corrected ``p_holm``, and the ``verdict``."""
+    """One system against the baseline on one bucket: the rule's ``comparison`` of the system
+    minus the baseline (nats per target token), the system's bucket ``loss`` over its seeds
+    (mean, sd, n), the Holm-corrected ``p_holm`` (None: not tested), the seeds per system that
+    would find the difference (``seeds_needed``; None: not within the limit or not tested)
+    and the ``verdict``."""
 
     system: str
-    seeds: tuple[int, ...]
-    per_seed: tuple[float, ...]
-    mean: float
-    effect: float | None
+    comparison: Comparison
     loss: Stats
-    p: float
-    p_holm: float
-    verdict: str
+    p_holm: float | None = None
+    seeds_needed: int | None = None
+    verdict: str = ""
 
 
 @dataclass(frozen=True)
 class BucketComparison:
     """Every system against ``baseline`` on ``bucket`` (``sentences`` in it): the baseline's
-    ``loss`` over its seeds (mean, sd, n) and the ``contrasts``, lowest loss first, their p from
-    ``resamples`` bootstrap resamples."""
+    ``loss`` over its seeds (mean, sd, n) and the ``contrasts``, lowest loss first, their
+    sentence noise from ``resamples`` resampled buckets."""
 
     bucket: tuple[int, int]
     baseline: str
@@ -103,21 +105,28 @@ def _bucket_loss(losses: SentenceLosses, idx: np.ndarray) -> float:
     return float(np.asarray(losses.nll)[idx].sum() / np.asarray(losses.target_tokens)[idx].sum())
 
 
-def bootstrap_p(
-    differences: np.ndarray, tokens: np.ndarray, resamples: int, rng: np.random.Generator
+def sentence_sd(
+    system: Sequence[np.ndarray],
+    baseline: Sequence[np.ndarray],
+    tokens: np.ndarray,
+    resamples: int,
+    rng: np.random.Generator,
 ) -> float:
-    """Two-sided p of the paired bootstrap over sentences: ``differences (S, N)`` the summed NLL
-    differences of N sentences on S seeds, ``tokens (N,)`` their target tokens; the statistic of a
-    resample is the mean over seeds of the difference per token on the resampled sentences."""
-    per_sentence = differences.mean(axis=0)
+    """The standard deviation, over resampled bucket sentences (the same draw for every run),
+    of the system's mean loss per token over its runs minus the baseline's: ``system`` and
+    ``baseline`` hold each run's NLL of the N bucket sentences, ``tokens (N,)`` their target
+    tokens."""
     n = len(tokens)
-    lower = higher = 0
+    stats = []
     for start in range(0, resamples, 1000):  # 1000 resamples at a time bound the memory
         idx = rng.integers(0, n, size=(min(1000, resamples - start), n))
-        stats = per_sentence[idx].sum(axis=1) / tokens[idx].sum(axis=1)
-        lower += int((stats <= 0).sum())
-        higher += int((stats >= 0).sum())
-    return min(1.0, 2 * (min(lower, higher) + 1) / (resamples + 1))
+        per_token = tokens[idx].sum(axis=1)
+        means = [
+            np.mean([run[idx].sum(axis=1) / per_token for run in side], axis=0)
+            for side in (system, baseline)
+        ]
+        stats.append(means[0] - means[1])
+    return float(np.concatenate(stats).std(ddof=1))
 
 
 def bucket_contrasts(
@@ -127,8 +136,7 @@ def bucket_contrasts(
     resamples: int = 10_000,
     seed: int = 0,
 ) -> BucketComparison:
-    """Every system of ``systems`` with seeds in common with ``baseline`` against it on
-    ``bucket``.
+    """Every system of ``systems`` against ``baseline`` on ``bucket``, Holm over them.
 
     Raises:
         ValueError: the baseline is not among the systems, a run lacks its sentence losses,
@@ -137,18 +145,25 @@ def bucket_contrasts(
     if baseline not in systems:
         raise ValueError(f"no system {baseline!r} to compare against; pick one of the sweep's")
     base = {e.run.seed: _losses(e) for e in systems[baseline]}
-    idx = in_bucket(next(iter(base.values())), bucket)
+    first = next(iter(base.values()))
+    idx = in_bucket(first, bucket)
     if not len(idx):
         raise ValueError(f"no sentence has a source of {bucket[0]} to {bucket[1] - 1} tokens")
     rng = np.random.default_rng(seed)
     contrasts = [
-        _contrast(system, {e.run.seed: e for e in entries}, base, idx, resamples, rng)
+        _contrast(system, entries, base, idx, resamples, rng)
         for system, entries in sorted(systems.items())
-        if system != baseline and any(e.run.seed in base for e in entries)
+        if system != baseline
     ]
-    adjusted = holm({c.system: c.p for c in contrasts})
+    tested = {c.system: c.comparison.p for c in contrasts if c.comparison.p is not None}
+    adjusted = holm(tested)
     corrected = [
-        replace(c, p_holm=adjusted[c.system], verdict=_verdict(c.per_seed, adjusted[c.system]))
+        replace(
+            c,
+            p_holm=adjusted.get(c.system),
+            seeds_needed=seeds_for_power(c.comparison, len(tested)),
+            verdict=_verdict(c.comparison, adjusted.get(c.system)),
+        )
         for c in contrasts
     ]
     return BucketComparison(
@@ -156,87 +171,81 @@ def bucket_contrasts(
         baseline,
         len(idx),
         mean_std(_bucket_loss(losses, idx) for losses in base.values()),
-        sorted(corrected, key=lambda c: c.mean),
+        sorted(corrected, key=lambda c: c.comparison.difference),
         resamples,
     )
 
 
 def _contrast(
     system: str,
-    runs: dict[int, Entry],
+    entries: list[Entry],
     base: dict[int, SentenceLosses],
     idx: np.ndarray,
     resamples: int,
     rng: np.random.Generator,
 ) -> BucketContrast:
-    """One system's :class:`BucketContrast` before the correction (``p_holm`` = ``p``)."""
-    seeds = tuple(sorted(s for s in runs if s in base))
-    tokens = np.asarray(base[seeds[0]].target_tokens, dtype=float)[idx]
-    rows, own = [], []
-    for s in seeds:
-        losses = _losses(runs[s])
-        _same_sentences(losses, base[s], str(runs[s].run.path))
-        rows.append(np.asarray(losses.nll)[idx] - np.asarray(base[s].nll)[idx])
-        own.append(_bucket_loss(losses, idx))
-    differences = np.stack(rows)
-    per_seed = tuple(float(row.sum() / tokens.sum()) for row in differences)
-    mean = statistics.fmean(per_seed)
-    paired_base = [_bucket_loss(base[s], idx) for s in seeds]
-    spreads = [statistics.stdev(v) for v in (own, paired_base) if len(v) >= 2]
-    pooled = (sum(x * x for x in spreads) / 2) ** 0.5 if len(spreads) == 2 else None
-    p = bootstrap_p(differences, tokens, resamples, rng)
-    return BucketContrast(
-        system,
-        seeds,
-        per_seed,
-        mean,
-        mean / pooled if pooled else None,
-        mean_std(own),
-        p,
-        p,
-        "",
+    """One system's :class:`BucketContrast` before the correction."""
+    reference = next(iter(base.values()))
+    tokens = np.asarray(reference.target_tokens, dtype=float)[idx]
+    runs = {}
+    for entry in entries:
+        losses = _losses(entry)
+        _same_sentences(losses, reference, str(entry.run.path))
+        runs.setdefault(entry.run.seed, losses)
+    own = {s: _bucket_loss(losses, idx) for s, losses in runs.items()}
+    theirs = {s: _bucket_loss(losses, idx) for s, losses in base.items()}
+    noise = sentence_sd(
+        [np.asarray(r.nll, dtype=float)[idx] for r in runs.values()],
+        [np.asarray(r.nll, dtype=float)[idx] for r in base.values()],
+        tokens,
+        resamples,
+        rng,
     )
+    return BucketContrast(system, compare_scores(own, theirs, noise), mean_std(own.values()))
 
 
-def _verdict(per_seed: Sequence[float], p_holm: float) -> str:
-    if p_holm >= ALPHA:
-        return NOISE
-    if len(per_seed) < 2:
+def _verdict(comparison: Comparison, p_holm: float | None) -> str:
+    if comparison.p is None:
         return ONE_SEED
-    if all(d < 0 for d in per_seed):
-        return LOWER
-    if all(d > 0 for d in per_seed):
-        return HIGHER
-    return NOT_EVERY_SEED
+    if p_holm is None or p_holm >= ALPHA:
+        return NOISE
+    return LOWER if comparison.difference < 0 else HIGHER
 
 
 def contrast_table(comparison: BucketComparison) -> str:
     """The markdown table of a :class:`BucketComparison`, the baseline's loss in a line above."""
     low, high = comparison.bucket
-    resamples = comparison.resamples
     mean, sd, _ = comparison.loss
     lines = [
         f"Sources of {low}-{high - 1} tokens ({comparison.sentences} sentences): "
         f"{comparison.baseline}'s loss {mean:.3f} ± {sd:.3f} nats per token; Δ = the system's "
-        f"minus {comparison.baseline}'s, per seed; p from {resamples:,} paired bootstrap "
-        f"resamples of the sentences (its floor, {_p(2 / (resamples + 1))}, where no resample "
-        f"crossed zero), Holm over {len(comparison.contrasts)} systems.",
+        f"mean over its seeds minus {comparison.baseline}'s, with its 95% interval, the "
+        f"sentence noise from {comparison.resamples:,} resampled buckets; Holm over "
+        f"{len(comparison.contrasts)} systems.",
         "",
-        "system | seeds | loss | Δ (mean) | Δ per seed | effect (sd) | p | p (Holm) | verdict",
-        "--- | --- | --- | --- | --- | --- | --- | --- | ---",
+        "system | seeds | loss | Δ [95% CI] | p | p (Holm) | seeds for 80% power | verdict",
+        "--- | --- | --- | --- | --- | --- | --- | ---",
     ]
     for c in comparison.contrasts:
-        seeds = ", ".join(str(s) for s in c.seeds)
-        per_seed = ", ".join(f"{d:+.3f}" for d in c.per_seed)
-        effect = f"{c.effect:+.1f}" if c.effect is not None else "—"
+        d = c.comparison
+        interval = "" if d.low is None else f" [{d.low:+.3f}, {d.high:+.3f}]"
+        seeds = f"{d.seeds[0]} / {d.seeds[1]}" + (" paired" if d.paired else "")
+        needed = (
+            "—"
+            if d.p is None
+            else (f">{MAX_SEEDS}" if c.seeds_needed is None else str(c.seeds_needed))
+        )
         lines.append(
-            f"{c.system} | {seeds} | {c.loss[0]:.3f} ± {c.loss[1]:.3f} | {c.mean:+.3f} | "
-            f"{per_seed} | {effect} | {_p(c.p)} | {_p(c.p_holm)} | {c.verdict}"
+            f"{c.system} | {seeds} | {c.loss[0]:.3f} ± {c.loss[1]:.3f} | "
+            f"{d.difference:+.3f}{interval} | {_p(d.p)} | {_p(c.p_holm)} | {needed} | "
+            f"{c.verdict}"
         )
     return "\n".join(lines)
 
 
-def _p(p: float) -> str:
+def _p(p: float | None) -> str:
+    if p is None:
+        return "—"
     return f"{p:.4f}" if p >= 0.001 else f"{p:.1e}"
 
 
