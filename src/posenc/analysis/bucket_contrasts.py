@@ -1,5 +1,6 @@
-"""Loss differences on a source-length bucket, judged by the decision rule whose unit is the
-training run (:mod:`posenc.analysis.decision`).
+"""Loss differences on a source-length bucket, judged by the decision rule.
+
+The rule's unit is the training run (:mod:`posenc.analysis.decision`).
 
 Whether a system's test loss on the bucket differs from a baseline's (the runs'
 ``reference_pe`` unless named) beyond the noise of the training seeds and of the test sentences,

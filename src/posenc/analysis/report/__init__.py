@@ -25,16 +25,16 @@ figure are the keys of ``posenc.config.LENGTH_LIMITS`` the configs set (drawn wh
 tokens, converted to the axis' tokens incl. EOS); cost ratios are measured
 against the runs' ``reference_pe`` (``configs/train.yaml``) or ``--reference NAME``.
 
-Significance is sacreBLEU's own paired bootstrap resampling (``sacrebleu.significance.
-PairedTest`` with ``test_type="bs"``, the ``--paired-bs`` of its command line) of every system
-against the one with the best mean BLEU. With several seeds, the hypotheses of the seeds both
-systems have are concatenated in seed order and compared against the references repeated as
-often, so every seed counts and the pairs stay aligned.
+Significance is the decision rule of :mod:`posenc.analysis.decision` (its unit the training run,
+the test sentences a second noise), every system against the one with the best mean BLEU, one
+family per report corrected with Holm's method (:mod:`.findings`). A held-out set that shares
+sentences with the runs' training pairs is also scored on its clean part (:mod:`.clean`).
 
 Modules, each with one job (import from them directly):
 
 - :mod:`.runs`: reading run directories into :class:`~.runs.Run` objects and grouping them;
-- :mod:`.stats`: the numbers (means over seeds, paired bootstrap, buckets and limits, cost);
+- :mod:`.stats`: the numbers (means over seeds, buckets and limits, cost);
+- :mod:`.findings`: when a difference is a finding; :mod:`.clean`: held-out sets' clean parts;
 - :mod:`.curves`: learning curves over seeds (a mean only where every seed has data);
 - :mod:`.render`: the markdown/CSV writer, number formatting and figure helpers;
 - :mod:`.figures`: the report's figures;
