@@ -12,7 +12,7 @@ from conftest import SMOKE, compose
 
 import posenc.data.prepare as prepare_module
 from posenc.data.corpus import DataError
-from posenc.data.store import StoreWriter, flatten, open_store, prepared, store_key
+from posenc.data.store import StoreWriter, current_umask, flatten, open_store, prepared, store_key
 from posenc.data.tokenizer import load_tokenizer
 from posenc.job import run
 from posenc.training.inputs import encode_pairs
@@ -102,3 +102,65 @@ def test_a_damaged_store_is_refused_in_one_line(tmp_path):
     np.arange(3, dtype=np.int64).tofile(tmp_path / "store" / "src.off")
     with pytest.raises(DataError, match="is damaged .*src.off does not match.*delete it"):
         open_store(tmp_path / "store")
+
+
+@pytest.fixture
+def made(tmp_path):
+    """A store as preparation leaves it, in a folder named by its key, and its tokenizer."""
+    run(compose(*OVERRIDES, "eval.enabled=false"), tmp_path / "run")
+    tokenizer = load_tokenizer(tmp_path / "run" / "tokenizer")
+    directory = tmp_path / "stores" / "0123456789abcdef0123"
+    write_store(directory, [[5, 6], [7], [8, 9, 10]], [[7], [5, 6], [9]], tokenizer)
+    return directory, tokenizer
+
+
+def test_a_store_made_for_other_settings_is_refused_in_one_line(made, tmp_path):
+    directory, tokenizer = made
+    other = tmp_path / "stores" / "ffffffffffffffffffff"
+    directory.rename(other)
+    with pytest.raises(DataError, match=f"{other} is damaged .*made for the settings .*delete it"):
+        open_store(other)
+
+
+def test_a_tokenizer_swapped_in_is_refused_before_a_run_trusts_it(made):
+    directory, _ = made
+    vocab = next((directory / "tokenizer").iterdir())
+    vocab.write_bytes(vocab.read_bytes() + b" ")
+    with pytest.raises(DataError, match="its tokenizer is not the one its ids were made with"):
+        open_store(directory)
+
+
+@pytest.mark.parametrize(
+    ("offsets", "expected"),
+    [
+        ([0, 3, 1, 6], "src.off goes backwards at row 1"),  # a negative length
+        ([0, 2, 14750, 6], "src.off goes backwards at row 2"),  # past the end: once hung training
+    ],
+)
+def test_offsets_that_go_backwards_or_past_the_end_are_refused(made, offsets, expected):
+    directory, _ = made
+    np.asarray(offsets, dtype=np.int64).tofile(directory / "src.off")
+    with pytest.raises(DataError, match=expected):
+        open_store(directory)
+
+
+def test_ids_beyond_the_vocabulary_are_refused_naming_the_store(made):
+    directory, tokenizer = made
+    ids = np.fromfile(directory / "tgt.bin", dtype=np.uint16)
+    ids[1] = tokenizer.vocab_size
+    ids.tofile(directory / "tgt.bin")
+    with pytest.raises(DataError, match=f"{directory} is damaged .*tgt.bin holds id .*vocabulary"):
+        open_store(directory)
+
+
+def test_a_store_follows_the_umask_and_one_without_meta_is_set_aside_when_made_again(made):
+    directory, tokenizer = made
+    assert directory.stat().st_mode & 0o777 == 0o777 & ~current_umask()
+    (directory / "meta.json").unlink()
+    write_store(directory, [[5]], [[6]], tokenizer)  # preparing again, as a later run does
+    assert len(open_store(directory)) == 1
+    assert [
+        p.name.startswith(f".{directory.name}.damaged-")
+        for p in directory.parent.iterdir()
+        if p != directory
+    ] == [True]

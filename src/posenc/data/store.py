@@ -9,10 +9,17 @@ Layout of a store directory (fairseq's binarised arrays, in NumPy form)::
                        over 65,536 tokens)
     src.off, tgt.off   int64 offsets: row i is bin[off[i]:off[i + 1]]
     tokenizer/         the tokenizer the ids belong to
-    meta.json          format, rows, dtype, vocabulary size and the settings it was made from
+    meta.json          format, rows, dtype, the key it was made for (:func:`store_key`), the
+                       vocabulary size and a SHA-256 of the tokenizer's files
 
-It is written into a temporary directory beside it and renamed into place when complete, so a
-killed preparation leaves nothing a later run trusts. Its name is a digest of what it depends
+It is written into a temporary directory beside it (with the umask's permissions) and renamed
+into place when complete, so a killed preparation leaves nothing a later run trusts; a store
+directory without its ``meta.json`` is set aside (``.NAME.damaged-*``) when it is prepared
+again. A store is shared ground (a lab file system, a copied cache): :func:`open_store` checks
+it before a run trusts it, in time linear in its size and at flat memory, chunk by chunk (so it
+stays interruptible): the key it was made for is its folder's name, the tokenizer is the one it
+was made with, every offset lies between the previous one and the end of its ids, and every id
+is below the vocabulary size. Its name is a digest of what it depends
 on (:func:`store_key`): the data and tokenizer settings (folders and files by their real
 paths, so a relative spelling names the same store), the sizes and modification times of the
 files read, the tokenizers library's version and this format's. Length limits are not part
@@ -37,7 +44,9 @@ from posenc.data.corpus import DataError
 from posenc.data.tokenizer import Tokenizer
 
 #: the layout version: a change makes new stores instead of misreading old ones
-FORMAT = 1
+FORMAT = 2
+#: values read at once while a store is checked
+CHECK_CHUNK = 1 << 22
 SIDES = ("src", "tgt")
 
 
@@ -146,9 +155,11 @@ class StoreWriter:
 
     def __init__(self, directory: Path, vocab_size: int) -> None:
         self.directory = directory
+        self.vocab_size = vocab_size
         self.dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
         directory.parent.mkdir(parents=True, exist_ok=True)
         self.work = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        self.work.chmod(0o777 & ~current_umask())  # mkdtemp's 0700 would outlive the rename
         self._bins = {side: (self.work / f"{side}.bin").open("wb") for side in SIDES}
         self._ends = {side: [np.zeros(1, np.int64)] for side in SIDES}
         self._sizes = dict.fromkeys(SIDES, 0)
@@ -182,8 +193,23 @@ class StoreWriter:
             self._bins[side].close()
             np.concatenate(self._ends[side]).astype(np.int64).tofile(self.work / f"{side}.off")
         tokenizer.save(self.work / "tokenizer")
-        meta = {"format": FORMAT, "rows": self.rows, "dtype": self.dtype.name, **facts}
+        meta = {
+            "format": FORMAT,
+            "rows": self.rows,
+            "dtype": self.dtype.name,
+            "key": self.directory.name,
+            "vocab_size": self.vocab_size,
+            "tokenizer_sha256": files_digest(self.work / "tokenizer"),
+            **facts,
+        }
         (self.work / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        if self.directory.is_dir() and not (self.directory / "meta.json").is_file():
+            aside = Path(
+                tempfile.mkdtemp(
+                    prefix=f".{self.directory.name}.damaged-", dir=self.directory.parent
+                )
+            )
+            self.directory.rename(aside / "store")  # a store without its meta: kept, not used
         try:
             self.work.rename(self.directory)
         except OSError:
@@ -199,16 +225,22 @@ def flatten(rows: Sequence[Sequence[int]], dtype: np.dtype) -> tuple[np.ndarray,
 
 
 def open_store(directory: Path) -> TokenStore:
-    """The store in ``directory``, memory-mapped.
+    """The store in ``directory``, memory-mapped, once checked (see the module docstring).
 
     Raises:
-        DataError: its files are missing or do not agree with one another (one line).
+        DataError: its files are missing, do not agree with one another or with the key,
+            tokenizer and vocabulary it was made for (one line naming the store and the fix).
     """
     try:
         meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
         rows, dtype = int(meta["rows"]), np.dtype(meta["dtype"])
         if meta.get("format") != FORMAT or dtype not in (np.uint16, np.uint32):
             raise ValueError(f"format {meta.get('format')}, dtype {dtype}")
+        if meta.get("key") != directory.name:
+            raise ValueError(f"it was made for the settings {meta.get('key')!r}, not these")
+        if meta.get("tokenizer_sha256") != files_digest(directory / "tokenizer"):
+            raise ValueError("its tokenizer is not the one its ids were made with")
+        vocab_size = int(meta["vocab_size"])
         columns = []
         for side in SIDES:
             offsets = np.memmap(directory / f"{side}.off", dtype=np.int64, mode="r")
@@ -220,6 +252,8 @@ def open_store(directory: Path) -> TokenStore:
                 if size
                 else np.zeros(0, dtype)
             )
+            _check_offsets(offsets, side)
+            _check_ids(ids, vocab_size, side)
             columns.append(TokenColumn(ids, offsets, directory / f"{side}.off"))
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise DataError(
@@ -227,6 +261,48 @@ def open_store(directory: Path) -> TokenStore:
             "prepare it anew"
         ) from None
     return TokenStore(*columns)
+
+
+def _check_offsets(offsets: np.ndarray, side: str) -> None:
+    """Every offset at least the one before it (the first is 0, the last the end of the ids:
+    checked before), a chunk at a time."""
+    for start in range(0, len(offsets) - 1, CHECK_CHUNK):
+        chunk = np.asarray(offsets[start : start + CHECK_CHUNK + 1])
+        if (np.diff(chunk) < 0).any():
+            row = start + int(np.flatnonzero(np.diff(chunk) < 0)[0])
+            raise ValueError(f"{side}.off goes backwards at row {row}")
+
+
+def _check_ids(ids: np.ndarray, vocab_size: int, side: str) -> None:
+    """Every id below ``vocab_size``, a chunk at a time."""
+    for start in range(0, len(ids), CHECK_CHUNK):
+        largest = int(np.asarray(ids[start : start + CHECK_CHUNK]).max())
+        if largest >= vocab_size:
+            raise ValueError(
+                f"{side}.bin holds id {largest}, beyond its {vocab_size}-token vocabulary"
+            )
+
+
+def files_digest(directory: Path) -> str:
+    """SHA-256 over the names and bytes of the files in ``directory`` (sorted; links are not
+    followed: a link makes the digest differ from the store's)."""
+    digest = hashlib.sha256()
+    for path in sorted(directory.iterdir()):
+        digest.update(path.name.encode() + b"\0")
+        if path.is_symlink() or not path.is_file():
+            digest.update(b"<not a file>")
+            continue
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting it back at once)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def prepared(root: Path, key: str) -> Path:

@@ -57,9 +57,10 @@ def prepare(cfg: DictConfig, run_dir: Path | RunDir) -> tuple[Tokenizer, Encoded
     (:func:`prepared_store`), memory-mapped. The validation pairs are read from their own file:
     a run on a prepared corpus reads no training text."""
     directory = prepared_store(cfg, bool(cfg.trainer.get("progress", False)))
+    store = open_store(directory)  # checked before its tokenizer becomes the run's
     tokenizer = load_tokenizer(directory / "tokenizer")
     if distributed.is_main():
         tokenizer.save(as_run_dir(run_dir).tokenizer)
     valid = validation_split(cfg.data)
     valid_src, valid_tgt, _ = encode_pairs(tokenizer, valid)
-    return tokenizer, EncodedData(open_store(directory), valid_src, valid_tgt, valid.tgt)
+    return tokenizer, EncodedData(store, valid_src, valid_tgt, valid.tgt)
