@@ -620,3 +620,38 @@ def test_a_run_not_yet_scored_by_the_named_evaluation_stays_in_its_encodings_gro
     runs[2].status = SCORED
     labels = [group.label for group in group_runs(runs)]
     assert labels == ["rope (eval.beam_size=5)", "rope (eval.beam_size=1)"]
+
+
+def test_names_and_messages_from_the_runs_cannot_inject_markdown_html_or_formulas(sweep, tmp_path):
+    """A run folder named to start a heading and carry a script, one named as a spreadsheet
+    formula, and a failure message with a tag: the markdown shows them as text, the CSV as
+    text."""
+    copy = tmp_path / "sweep"
+    heading = "pe=nonepe\n## Findings: alibi is best <script>alert(1)</script>"
+    formula = "=HYPERLINK(1)"
+    for name, source in ((heading, "pe=nonepe"), (formula, "pe=rope"), ("failed", FAILED)):
+        shutil.copytree(sweep / source, copy / name, ignore=shutil.ignore_patterns("checkpoints"))
+    failure = copy / "failed" / "failed.json"
+    failure.write_text(json.dumps({"error": "E", "message": "<img src=x onerror=alert(2)>"}))
+    build_report(copy, samples=50)
+    markdown = (copy / "report" / "report.md").read_text()
+    assert "\n## Findings" not in markdown
+    assert "<script" not in markdown and "<img" not in markdown and "&lt;script>" in markdown
+    with open(copy / "report" / "report.csv", encoding="utf-8") as handle:
+        runs = {row["run"] for row in csv.DictReader(handle)}
+    assert f"'{formula}" in runs and formula not in runs
+    assert all(not r.startswith(("=", "+", "@")) for r in runs)
+
+
+def test_scores_outside_their_range_mark_the_run_failed(sweep, tmp_path):
+    copy = tmp_path / "sweep"
+    shutil.copytree(
+        sweep / "pe=rope", copy / "pe=rope", ignore=shutil.ignore_patterns("checkpoints")
+    )
+    metrics = metrics_of(copy, "pe=rope")
+    metrics["splits"]["test"]["bleu"] = 1e308
+    (copy / "pe=rope" / "metrics.json").write_text(json.dumps(metrics))
+    run_ = load_run(copy / "pe=rope", copy)
+    assert run_.status == "failed" and "splits.test.bleu is 1e+308, not a number from 0 to 100" in (
+        run_.message
+    )

@@ -273,6 +273,19 @@ BOOL = Leaf("true or false", lambda v: isinstance(v, bool))
 INT = Leaf("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
 NUMBER = Leaf("a number", _is_number)
 FINITE = Leaf("a finite number", lambda v: _is_number(v) and math.isfinite(v))
+
+
+def within(low: float, high: float) -> Leaf:
+    """A finite number in ``[low, high]``."""
+    return Leaf(
+        f"a number from {low:g} to {high:g}",
+        lambda v: _is_number(v) and math.isfinite(v) and low <= v <= high,
+    )
+
+
+PERCENT = within(0.0, 100.0)  #: BLEU, chrF
+LOSS = within(0.0, math.inf)  #: a loss in nats: never negative
+UNIT = within(-1.0, 1.0)  #: BERTScore
 ANY_MAPPING = MapOf(Leaf("anything", lambda v: True))
 
 
@@ -356,17 +369,17 @@ SUMMARY = Fields(
 #: one length bucket of a split's scores (``posenc.evaluation.metrics.length_buckets``)
 BUCKET = Fields(
     required={"min": INT, "max": INT, "sentences": INT},
-    optional={"bleu": nullable(FINITE), "loss": nullable(FINITE)},
+    optional={"bleu": nullable(PERCENT), "loss": nullable(LOSS)},
 )
 #: one split's scores (``posenc.evaluation.evaluate.evaluate_split``)
 SCORES = Fields(
-    required={"bleu": FINITE, "chrf": FINITE, "loss": FINITE, "sentences": INT},
+    required={"bleu": PERCENT, "chrf": PERCENT, "loss": LOSS, "sentences": INT},
     optional={
         "bleu_signature": STR,
         "chrf_signature": STR,
-        "bertscore_f1": nullable(NUMBER),
-        "bertscore_precision": nullable(NUMBER),
-        "bertscore_recall": nullable(NUMBER),
+        "bertscore_f1": nullable(UNIT),
+        "bertscore_precision": nullable(UNIT),
+        "bertscore_recall": nullable(UNIT),
         "decode_seconds": NUMBER,
         "decode_tokens_per_s": NUMBER,
         "decode_sentences_per_s": NUMBER,

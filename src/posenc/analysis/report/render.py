@@ -38,6 +38,18 @@ CSV_COLUMNS = ("section", "split", "encoding", "run", "metric", "value")
 IMAGE_LINK = re.compile(r"^!\[[^\]]*\]\(([^/\\()\s]+)\)$", re.MULTILINE)
 
 
+#: the start of an HTML tag, comment or declaration: a markdown viewer would render it
+TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
+
+
+def inert(text: str) -> str:
+    """``text`` made safe to place in markdown: a line of its own (newlines become spaces, so
+    no run name can start a heading or a table row) and no HTML (a ``<`` that would open a tag
+    becomes ``&lt;``; ``p < 0.05`` stays as it is). The report's text is built from run names,
+    settings and failure messages, all of them untrusted."""
+    return TAG_START.sub("&lt;", text.replace("\r", " ").replace("\n", " "))
+
+
 @dataclass
 class Heading:
     """A heading of ``level`` (1 is the title, 2 a section, 3 a subsection)."""
@@ -46,7 +58,7 @@ class Heading:
     level: int = 2
 
     def markdown(self) -> list[str]:
-        return ["#" * self.level + " " + self.title]
+        return ["#" * self.level + " " + inert(self.title)]
 
 
 @dataclass
@@ -57,7 +69,7 @@ class Text:
     lines: list[str]
 
     def markdown(self) -> list[str]:
-        return list(self.lines)
+        return [inert(line) for line in self.lines]
 
 
 @dataclass
@@ -72,10 +84,11 @@ class Table:
         escaped."""
 
         def cell(value: Any) -> str:
-            return str(value).replace("|", "\\|").replace("\n", " ")
+            return inert(str(value)).replace("|", "\\|")
 
         body = [" | ".join(cell(c) for c in row) for row in self.rows]
-        return [" | ".join(self.header), " | ".join("---" for _ in self.header), *body]
+        header = [cell(c) for c in self.header]
+        return [" | ".join(header), " | ".join("---" for _ in self.header), *body]
 
 
 @dataclass
@@ -87,7 +100,7 @@ class Image:
     lead: list[str] = field(default_factory=list)
 
     def markdown(self) -> list[str]:
-        return [*self.lead, f"![{self.caption}]({self.name})"]
+        return [*map(inert, self.lead), f"![{inert(self.caption)}]({self.name})"]
 
 
 @dataclass
@@ -98,7 +111,13 @@ class Details:
     lines: list[str]
 
     def markdown(self) -> list[str]:
-        return [f"<details><summary>{self.summary}</summary>", "", *self.lines, "", "</details>"]
+        return [
+            f"<details><summary>{inert(self.summary)}</summary>",
+            "",
+            *map(inert, self.lines),
+            "",
+            "</details>",
+        ]
 
 
 Block = Heading | Text | Table | Image | Details
@@ -166,13 +185,29 @@ class Writer:
         with replacing(self.out / "report.csv") as handle:
             writer = csv.DictWriter(handle, CSV_COLUMNS)
             writer.writeheader()
-            writer.writerows(self.rows)
+            writer.writerows({k: spreadsheet_safe(v) for k, v in row.items()} for row in self.rows)
         path = self.out / "report.md"
         shown = {block.name for block in self.blocks if isinstance(block, Image)}
         for stale in stale_images(path, shown):
             stale.unlink()
         write_text(path, "\n".join(self.lines).rstrip() + "\n")
         return path
+
+
+#: what a spreadsheet reads as the start of a formula (OWASP's list)
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows as text: a string that starts like a formula gets a
+    leading apostrophe (OWASP's guard against CSV injection), unless it is a number
+    (``-0.25``); numbers and other strings are kept."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        try:
+            float(value)
+        except ValueError:
+            return "'" + value
+    return value
 
 
 def stale_images(previous: Path, shown: set[str]) -> list[Path]:
