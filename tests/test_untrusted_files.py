@@ -146,6 +146,10 @@ def test_an_oversized_binary_or_special_config_is_refused(tmp_path):
         read_config(path)
     with pytest.raises(UntrustedFileError, match="is missing"):
         read_config(tmp_path / "absent.yaml")
+    path.unlink()
+    path.mkdir()  # a directory where the file should be: refused, not a crash of the reader
+    with pytest.raises(UntrustedFileError, match="not a regular file"):
+        read_config(path)
 
 
 # ---------------------------------------------------------------- the JSON files

@@ -103,9 +103,10 @@ def read_bytes(path: Path, max_bytes: int) -> bytes:
         raise UntrustedFileError(path, "it is missing") from None
     except OSError as err:
         raise UntrustedFileError(path, f"it cannot be read ({err.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory
+        os.close(fd)
+        raise UntrustedFileError(path, "it is not a regular file")
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UntrustedFileError(path, "it is not a regular file")
         try:
             data = handle.read(max_bytes + 1)
         except OSError as err:
