@@ -83,10 +83,13 @@ def test_the_command_runs_as_a_module(trained):
         (["run_dir={run}", "eval.beam_size"], "'eval.beam_size' is not KEY=VALUE"),
         (["run_dir={run}", "eval.beam_sise=5"], "Key 'beam_sise' is not in the run's config"),
         (["run_dir={run}", "eval.beam_size=0"], "eval.beam_size=0 must be an integer >= 1"),
+        (["run_dir={run}", "input={long}"], "input line 2 has 10,001 characters, over the 10,000"),
     ],
 )
 def test_an_error_is_one_line(trained, tmp_path, args, expected):
-    paths = {"run": trained, "missing": tmp_path / "missing"}
+    long = tmp_path / "long.txt"  # once decoded for hours without a word
+    long.write_text("bonjour\n" + "a" * 10_001 + "\n")
+    paths = {"run": trained, "missing": tmp_path / "missing", "long": long}
     with pytest.raises(SystemExit) as exit_info:
         translate_main([arg.format(**paths) for arg in args])
     message = str(exit_info.value.code)

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from posenc.config import Setting
+from posenc.data.streams import MAX_LINE_CHARS
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.decode import DecodeSettings, translate, translate_nbest
 from posenc.evaluation.evaluate import average_last, use_ema
@@ -167,6 +168,7 @@ def _main(args: list[str]) -> None:
     settings = DecodeSettings.of(cfg)
     check_nbest(nbest, settings)
     lines = read_lines(paths.get("input"))
+    check_lengths(lines)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s", stream=sys.stderr)
     (tokenizer, model, step, checkpoint), members = load_runs(paths["run_dir"], configs)
     averaged = average_last(cfg)
@@ -188,6 +190,19 @@ def _main(args: list[str]) -> None:
         settings.describe(),
         f", {nbest} best each" if nbest > 1 else "",
     )
+
+
+def check_lengths(lines: list[str]) -> None:
+    """SystemExit (one line) at the first line over :data:`MAX_LINE_CHARS` characters, the
+    limit beyond which the test splits drop a line as broken input: decoding one costs minutes
+    to hours, and no sentence is that long."""
+    for number, line in enumerate(lines, start=1):
+        if len(line) > MAX_LINE_CHARS:
+            raise SystemExit(
+                f"posenc.translate: input line {number} has {len(line):,} characters, over the "
+                f"{MAX_LINE_CHARS:,} a sentence may have (test splits drop such lines); split it "
+                "into sentences"
+            )
 
 
 def check_nbest(nbest: int, settings: DecodeSettings) -> None:
