@@ -12,14 +12,17 @@ and the home directory ``~``
 (:mod:`posenc.analysis.portable`); a continued run replaces its archived files, and a file the
 run lacks is never deleted from the archive (a ``scalars.csv`` made from the events of a run that
 had none stays). ``restore`` copies archived runs
-into a sweep that lacks them, never over a run that is there. A restored run answers "nothing to
-do" to the same settings and budget, and ``scripts/report.py`` reads its curves from
-``scalars.csv``. Symbolic links are never followed or copied.
+into a sweep that lacks them, never over a run that is there, each whole or not at all (into a
+hidden folder first, renamed into place). An archive is untrusted input: links are never
+followed, a file over :data:`MAX_FILE_BYTES` or not a regular file leaves its run out (one
+line saying which), nothing is read whole into memory beyond that cap. A restored run answers
+"nothing to do" to the same settings and budget, and ``scripts/report.py`` reads its curves
+from ``scalars.csv``. Symbolic links are never followed or copied.
 
 The references a run was scored against (``references.*.txt``, the same for every run of a
 data set) are kept once per archive, by content, in ``ARCHIVE/references/<digest>.txt``; each
 run's ``references.json`` maps its files to them, and ``restore`` writes them back, so the
-report's paired bootstrap works on restored runs too.
+report compares restored runs on their sentences too.
 """
 
 from __future__ import annotations
@@ -27,10 +30,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from posenc.analysis.portable import portable
+from posenc.runtime.untrusted import UntrustedFileError, read_bytes
+
+#: the largest file archived or restored (newstest2014's hypotheses are about 0.4 MB)
+MAX_FILE_BYTES = 100_000_000
 
 #: the files of a run (and of each ``evals/NAME/``) kept as text, as glob patterns
 ARCHIVED = (
@@ -55,7 +64,8 @@ def archived_files(run: Path, patterns: tuple[str, ...] = ARCHIVED) -> list[Path
     sorted (links left out, and hidden folders: an evaluation still running writes into
     ``evals/.NAME.XXXX/``, renamed to ``evals/NAME/`` once complete)."""
     found: set[Path] = set()
-    for folder in [run, *sorted((run / "evals").glob("*"))]:
+    evals = [] if (run / "evals").is_symlink() else sorted((run / "evals").glob("*"))
+    for folder in [run, *evals]:
         if folder.is_symlink() or not folder.is_dir() or folder.name.startswith("."):
             continue
         for pattern in patterns:
@@ -74,7 +84,7 @@ def save_shared(source: Path, target: Path, store: Path) -> bool:
     mapping = json.loads(path.read_text()) if path.is_file() else {}
     before = dict(mapping)
     for relative in archived_files(source, SHARED):
-        data = (source / relative).read_bytes()
+        data = read_bytes(source / relative, MAX_FILE_BYTES)
         digest = hashlib.sha256(data).hexdigest()[:16]
         stored = store / f"{digest}.txt"
         if not stored.is_file():
@@ -100,7 +110,7 @@ def restore_shared(archived: Path, target: Path, store: Path) -> None:
         inside = destination.is_relative_to(target.resolve())
         if inside and stored.is_file() and "/" not in digest:
             destination.parent.mkdir(parents=True, exist_ok=True)
-            destination.write_bytes(stored.read_bytes())
+            destination.write_bytes(read_bytes(stored, MAX_FILE_BYTES))
 
 
 def is_finished(run: Path) -> bool:
@@ -126,7 +136,7 @@ def copy_run(source: Path, target: Path, roots: tuple[Path, ...] = ()) -> bool:
     are made relative); whether anything changed."""
     changed = False
     for relative in archived_files(source):
-        text = portable((source / relative).read_bytes(), roots)
+        text = portable(read_bytes(source / relative, MAX_FILE_BYTES), roots)
         destination = target / relative
         if destination.is_file() and destination.read_bytes() == text:
             continue
@@ -151,19 +161,30 @@ def save(sweep: Path, archive: Path) -> None:
     for run in run_dirs(sweep):
         if not is_finished(run):
             continue
-        changed = copy_run(run, archive / run.name, (checkout_of(sweep),))
-        if save_shared(run, archive / run.name, archive / REFERENCES) or changed:
-            print(f"archived {run.name}")
+        try:
+            changed = copy_run(run, archive / run.name, (checkout_of(sweep),))
+            if save_shared(run, archive / run.name, archive / REFERENCES) or changed:
+                print(f"archived {run.name}")
+        except UntrustedFileError as err:
+            print(f"not archived {run.name}: {err}")
 
 
 def restore(archive: Path, sweep: Path) -> None:
     """Copy archived runs into ``sweep`` where it has no directory of that name."""
+    sweep.mkdir(parents=True, exist_ok=True)
     for run in run_dirs(archive):
         if (sweep / run.name).exists():
             continue
-        copy_run(run, sweep / run.name)
-        restore_shared(run, sweep / run.name, archive / REFERENCES)
-        print(f"restored {run.name}")
+        work = Path(tempfile.mkdtemp(prefix=f".{run.name}.", dir=sweep))
+        try:
+            copy_run(run, work)
+            restore_shared(run, work, archive / REFERENCES)
+            work.rename(sweep / run.name)
+            print(f"restored {run.name}")
+        except UntrustedFileError as err:
+            print(f"not restored {run.name}: {err}")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -234,3 +234,24 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
     script["restore"](archive, restored)
     assert (restored / "done" / "hypotheses.test.txt").read_text() == "b\n"
     assert (restored / "done" / "references.test.txt").read_text() == "the reference\n"
+
+
+def test_archive_runs_follows_no_link_and_restores_a_run_whole_or_not_at_all(tmp_path, capsys):
+    script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
+    sweep, archive = tmp_path / "outputs" / "sweeps" / "s", tmp_path / "archive"
+    outside = tmp_path / "outside"
+    (outside / "beam5").mkdir(parents=True)
+    (outside / "beam5" / "metrics.json").write_text("{}")
+    for name in ("a", "b"):
+        for path in ("config.yaml", "metrics.json", "train_summary.json", "hypotheses.test.txt"):
+            (sweep / name).mkdir(parents=True, exist_ok=True)
+            (sweep / name / path).write_text("x\n")
+    (sweep / "a" / "evals").symlink_to(outside)  # evals/ itself a link out of the run
+    script["save"](sweep, archive)
+    assert not (archive / "a" / "evals").exists()
+    with open(archive / "b" / "hypotheses.test.txt", "r+b") as handle:
+        handle.truncate(script["MAX_FILE_BYTES"] + 1)  # sparse: costs no disk
+    restored = tmp_path / "restored"
+    script["restore"](archive, restored)
+    assert sorted(p.name for p in restored.iterdir()) == ["a"]  # no half-restored b, no leftover
+    assert "not restored b:" in capsys.readouterr().out
