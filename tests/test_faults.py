@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -189,6 +190,24 @@ def test_garbage_and_foreign_checkpoints_are_refused_with_the_file_name(tmp_path
     torch.save({"weights": torch.zeros(2)}, foreign)
     with pytest.raises(checkpoint.CheckpointError, match="foreign.pt holds no posenc model"):
         checkpoint.load(foreign)
+
+
+def test_a_checkpoint_with_a_compressed_tensor_is_refused_before_it_is_unpacked(tmp_path):
+    """A small file whose deflated storage unpacks to far more (a zip bomb) never reaches
+    torch.load: posenc's checkpoints are stored uncompressed, byte for byte."""
+    plain = tmp_path / "plain.pt"
+    torch.save({"model": {"w": torch.zeros(1_000_000)}}, plain)
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in source.infolist():
+            out.writestr(info.filename, source.read(info))
+    assert bomb.stat().st_size < plain.stat().st_size / 50
+    with pytest.raises(
+        checkpoint.CheckpointError, match="bomb.pt refused: its entry .* compressed"
+    ):
+        checkpoint.load(bomb)
+    assert checkpoint.saved_state(bomb) is None
+    assert checkpoint.load(plain)["model"]["w"].shape == (1_000_000,)
 
 
 def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path, caplog):

@@ -20,6 +20,7 @@ import os
 import pickle
 import re
 import shutil
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,7 @@ def saved_state(path: Path) -> dict[str, Any] | None:
     only, memory-mapped: no tensor is copied); None when the file is missing, unreadable or
     holds no state."""
     try:
+        check_uncompressed(path)
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # missing, truncated, foreign or refused: no state to read
         return None
@@ -185,6 +187,7 @@ def load(path: Path) -> dict[str, Any]:
     and plain values)."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; check trainer.resume")
+    check_uncompressed(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -208,6 +211,25 @@ def load(path: Path) -> dict[str, Any]:
             f"checkpoint {path} holds no posenc model state; is it a posenc run? {_fallback(path)}"
         )
     return state
+
+
+def check_uncompressed(path: Path) -> None:
+    """Refuse a checkpoint whose zip entries are compressed before anything is unpacked: torch
+    writes them stored as they are, so every tensor takes on disk the bytes it takes in memory,
+    and a deflated entry (3.5 MB of file declaring 3 GB of zeros) could take any memory. A file
+    that is no zip archive is left to ``torch.load`` to judge."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError):
+        return
+    for info in entries:
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+            raise CheckpointError(
+                f"checkpoint {path} refused: its entry {info.filename} is compressed "
+                f"({info.compress_size:,} bytes unpacking to {info.file_size:,}); posenc writes "
+                "checkpoints uncompressed, and unpacking this one could take any memory"
+            )
 
 
 def model_weights(payload: dict[str, Any], path: Path, ema: bool = False) -> dict[str, Any]:
