@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -287,6 +288,20 @@ def test_a_resumed_csv_drops_the_rows_after_the_checkpoint(tmp_path):
 
 
 # --- MLflow ----------------------------------------------------------------------------------
+
+
+def test_an_unreachable_tracking_server_stops_the_run_in_seconds_in_one_line(tmp_path):
+    """MLflow's client retried for 252 s before the first step; nothing listens on port 1."""
+    pytest.importorskip("mlflow")
+    from posenc.runtime.sinks import MlflowSink
+
+    started = time.monotonic()
+    with pytest.raises(ValueError) as refused:
+        MlflowSink("http://127.0.0.1:1", "exp", "run", {}, tmp_path / "mlflow.json")
+    message = str(refused.value)
+    assert "logger.mlflow_uri=http://127.0.0.1:1 cannot be reached" in message
+    assert "\n" not in message and time.monotonic() - started < 10
+    assert not (tmp_path / "mlflow.json").exists()
 
 
 def test_mlflow_gets_the_settings_and_every_scalar_in_a_local_store(tmp_path):

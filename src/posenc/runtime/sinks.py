@@ -26,8 +26,10 @@ import csv
 import os
 import re
 import secrets
+import socket
 import string
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -106,6 +108,27 @@ class CsvSink:
         self._handle.close()
 
 
+#: seconds a tracking server has to accept a connection before the run stops
+CONNECT_SECONDS = 5.0
+
+
+def check_reachable(uri: str) -> None:
+    """Raise ValueError (one line naming ``uri``) when an ``http(s)://`` tracking server does
+    not accept a connection within :data:`CONNECT_SECONDS`: MLflow's client would retry for
+    minutes before the first step. Other URIs (a directory, a database) are left to MLflow."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=CONNECT_SECONDS).close()
+    except OSError as err:
+        raise ValueError(
+            f"logger.mlflow_uri={uri} cannot be reached ({err.strerror or err}); start the "
+            "tracking server, use a local directory, or set logger.mlflow=false"
+        ) from None
+
+
 class MlflowSink:
     """One MLflow run, through ``MlflowClient`` (no global MLflow state: a Hydra multirun runs
     its jobs in one process)."""
@@ -122,6 +145,7 @@ class MlflowSink:
             ) from err
         if "://" not in uri:  # a local directory: MLflow's file store, opted into (MLflow 3
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # wants a database URI)
+        check_reachable(uri)
         self.client = MlflowClient(tracking_uri=uri)
         known = read_json(id_file) or {}
         if known.get("tracking_uri") == uri and known.get("run_id"):
