@@ -19,6 +19,7 @@ from posenc.analysis.report.runs import UNFINISHED, load_run
 from posenc.evaluation import standalone
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
+from posenc.runtime.lock import run_lock
 
 TRAIN = (*SMOKE, "pe=rope", "trainer.max_steps=4", "trainer.valid_every=2")
 
@@ -172,3 +173,19 @@ def test_a_stopped_evaluation_leaves_no_half_written_folder(trained, monkeypatch
     ]
     assert [p.name for p in (trained / "evals").iterdir() if "beam_size=3" in p.name] == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler goes back
+
+
+def test_a_run_that_is_training_can_be_evaluated_from_its_checkpoint(trained):
+    """Training holds RUN/.lock; a standalone evaluation takes RUN/evals/.lock only: it scores
+    the checkpoint it loads (its step names the folder) and writes nothing outside evals/."""
+
+    def written():  # the run's own files, but the lock the test itself takes
+        return {p: p.stat().st_mtime_ns for p in trained.iterdir() if p.is_file()} | {
+            trained / ".lock": None
+        }
+
+    before = written()
+    with run_lock(trained, "training"):
+        evaluate_main([f"run_dir={trained}", "eval.use_cache=false", "eval.max_sentences=3"])
+    assert written() == before
+    assert list((trained / "evals").glob("*max_sentences=3*step=*/metrics.json"))
