@@ -5,6 +5,7 @@ tokenises nothing, and trains exactly as the first."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,3 +165,12 @@ def test_a_store_follows_the_umask_and_one_without_meta_is_set_aside_when_made_a
         for p in directory.parent.iterdir()
         if p != directory
     ] == [True]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_full_disk_while_preparing_names_the_folder_and_what_to_do(tmp_path):
+    with StoreWriter(tmp_path / "stores" / "key", 100) as writer, open("/dev/full", "wb") as full:
+        writer._bins["src"].close()
+        writer._bins["src"] = full  # every write fails: no space left
+        with pytest.raises(DataError, match=f"into {tmp_path / 'stores'} failed .*disk full"):
+            writer.append(flatten([[5] * 100_000], writer.dtype), flatten([[6]], writer.dtype))

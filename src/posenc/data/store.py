@@ -181,7 +181,13 @@ class StoreWriter:
         if len(src[1]) != len(tgt[1]):
             raise ValueError(f"{len(src[1])} source rows but {len(tgt[1])} target rows")
         for side, (flat, lengths) in zip(SIDES, (src, tgt), strict=True):
-            flat.astype(self.dtype, copy=False).tofile(self._bins[side])
+            try:
+                flat.astype(self.dtype, copy=False).tofile(self._bins[side])
+            except OSError as err:  # a full disk: numpy says only "N requested and M written"
+                raise DataError(
+                    f"writing the prepared corpus into {self.work.parent} failed ({err}); is "
+                    "the disk full? free space there or point cache_dir (POSENC_CACHE) elsewhere"
+                ) from None
             self._ends[side].append(self._sizes[side] + np.cumsum(lengths))
             self._sizes[side] += int(lengths.sum())
         self.rows += len(src[1])
