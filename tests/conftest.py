@@ -13,7 +13,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from posenc.analysis.report.runs import Entry, Run
 from posenc.config import ModelConfig
+from posenc.evaluation.metrics import bleu_chrf
 from posenc.model.encodings import encoding_factory
 from posenc.model.seq2seq import Seq2Seq
 
@@ -136,4 +138,27 @@ def torchrun(run_dir: Path, *overrides: str, procs: int = 2) -> subprocess.Compl
         capture_output=True,
         text=True,
         timeout=600,
+    )
+
+
+#: the references of :func:`scored_entry`'s runs
+SCORED_REFERENCES = [f"the cat number {i} sat on the mat near door {i % 7}" for i in range(40)]
+
+
+def scored_entry(
+    tmp_path: Path, system: str, seed: int, garbage_every: int, garbage="x y z"
+) -> Entry:
+    """A finished run of ``system`` whose hypotheses equal the references but every
+    ``garbage_every``-th one (0: none; 1: all), which is ``garbage``."""
+    folder = tmp_path / f"{system}-{seed}"
+    folder.mkdir()
+    hyps = [
+        garbage if garbage_every and i % garbage_every == seed % garbage_every else ref
+        for i, ref in enumerate(SCORED_REFERENCES)
+    ]
+    (folder / "hyp.txt").write_text("\n".join(hyps) + "\n")
+    (folder / "ref.txt").write_text("\n".join(SCORED_REFERENCES) + "\n")
+    run = Run(folder.name, folder, {"pe.name": system, "seed": seed})
+    return Entry(
+        system, run, bleu_chrf(hyps, SCORED_REFERENCES), folder / "hyp.txt", folder / "ref.txt"
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, SMOKE, compose
+from conftest import scored_entry as entry
 
 from posenc.analysis.decision import holm
 from posenc.analysis.report.contrasts import (
@@ -33,28 +34,11 @@ from posenc.analysis.report.findings import (
     StatisticsCache,
     verdict,
 )
-from posenc.analysis.report.runs import Entry, Run
-from posenc.evaluation.metrics import bleu_chrf
+from posenc.analysis.report.runs import Entry
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
 
-REFERENCES = [f"the cat number {i} sat on the mat near door {i % 7}" for i in range(40)]
 SAMPLES = 200
-
-
-def entry(tmp_path: Path, system: str, seed: int, garbage_every: int, garbage="x y z") -> Entry:
-    """A finished run of ``system`` whose hypotheses equal the references but every
-    ``garbage_every``-th one (0: none; 1: all), which is ``garbage``."""
-    folder = tmp_path / f"{system}-{seed}"
-    folder.mkdir()
-    hyps = [
-        garbage if garbage_every and i % garbage_every == seed % garbage_every else ref
-        for i, ref in enumerate(REFERENCES)
-    ]
-    (folder / "hyp.txt").write_text("\n".join(hyps) + "\n")
-    (folder / "ref.txt").write_text("\n".join(REFERENCES) + "\n")
-    run = Run(folder.name, folder, {"pe.name": system, "seed": seed})
-    return Entry(system, run, bleu_chrf(hyps, REFERENCES), folder / "hyp.txt", folder / "ref.txt")
 
 
 def good_and_bad(tmp_path: Path, seeds=(0, 1, 2)) -> dict[str, list[Entry]]:
