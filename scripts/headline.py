@@ -1,7 +1,7 @@
 """The study's headline table and figure: each system against a baseline, by split and depth.
 
 Usage: ``python scripts/headline.py --sweep "1+1 layers=outputs/sweeps/compare" --sweep
-"3+3 layers=outputs/sweeps/scaling" --systems sinpe,rpe,rope --baseline nonepe --splits
+"3+3 layers=outputs/sweeps/scaling" --systems sinpe,rpe,rope [--baseline NAME] --splits
 tatoeba-clean,test,europarl --out docs/study/headline``; see :mod:`posenc.analysis.headline`.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from posenc.analysis.headline import headline, headline_table, plot_headline
 from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.runs import ReportError, group_runs, load_run, split_entries
+from posenc.config import reference_encoding
 from posenc.runtime.files import write_text
 from posenc.runtime.rundir import find_run_dirs
 
@@ -23,7 +24,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="append", required=True, help="LABEL=SWEEP_DIR")
     parser.add_argument("--systems", required=True, help="comma-separated, as reports name them")
-    parser.add_argument("--baseline", default="nonepe")
+    parser.add_argument(
+        "--baseline", default=reference_encoding(), help="default: the reference encoding"
+    )
     parser.add_argument("--splits", default="tatoeba-clean,test,europarl")
     parser.add_argument("--bootstrap", type=int, default=1000, help="resampled test sets")
     parser.add_argument("--out", type=Path, required=True, help="folder for headline.md, PNGs")

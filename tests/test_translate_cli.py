@@ -122,3 +122,20 @@ def test_help_lists_the_arguments_and_the_settings_with_their_defaults_and_exits
     for line in ("  run_dir=  the trained run", "  eval.beam_size=1", "  eval.splits=[all]"):
         assert line in done.stdout
     assert f"Example:\n  python -m {command} run_dir=" in done.stdout
+
+
+def test_the_python_api_loads_a_run_and_translates_as_the_command_does(trained, tmp_path):
+    import posenc
+
+    sources = evaluated_sources(trained)[:4]
+    source_file, output = tmp_path / "src.txt", tmp_path / "out.txt"
+    source_file.write_text("\n".join(sources) + "\n")
+    translate_main([f"run_dir={trained}", f"input={source_file}", f"output={output}"])
+    loaded = posenc.load_run(trained, "device=cpu")
+    assert loaded.step > 0 and loaded.checkpoint.name in ("best.pt", "last.pt")
+    assert loaded.translate(sources) == output.read_text().splitlines()
+    best = loaded.translate(sources[:2], beam_size=3, nbest=2)
+    assert [len(found) for found in best] == [2, 2]
+    assert best[0][0][0] >= best[0][1][0]  # best first
+    with pytest.raises(ValueError, match="nbest=4 needs a beam at least that wide"):
+        loaded.translate(sources, beam_size=2, nbest=4)

@@ -50,6 +50,7 @@ PHASES = (
     "training",
     "evaluation",
     "translate",
+    "api",
     "analysis",
     "job",
 )
