@@ -347,3 +347,10 @@ def test_files_written_atomically_are_readable_by_the_group(tmp_path):
     finally:
         os.umask(mask)
     assert (tmp_path / "metrics.json").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("override", ["trainer.max_steps=abc", "trainer.lr=3e-3x"])
+def test_a_refused_setting_writes_nothing(tmp_path, override):
+    done = train_command(tmp_path, override)
+    assert done.returncode == 1 and "ValueError: trainer." in done.stdout + done.stderr
+    assert not [p for p in (tmp_path / "outputs").rglob("*") if p.is_file()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import sys
 import traceback
 from contextlib import ExitStack
@@ -35,7 +36,7 @@ from posenc.runtime.rundir import RunDir, check_run_name, run_dir_name
 from posenc.runtime.untrusted import UntrustedFileError, read_config
 from posenc.training.advice import TrainingError
 from posenc.training.interrupt import TrainingInterrupted
-from posenc.training.loop import train
+from posenc.training.loop import check_config, train
 from posenc.training.start import RunMismatchError, Start, find_start
 from posenc.training.validation import Scorer
 
@@ -206,6 +207,14 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
 
 def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | None:
     _absolute_paths(cfg)
+    try:
+        check_config(cfg)  # a configuration error writes nothing: no run directory, no record
+    except ValueError as err:
+        log.error("ValueError: %s", str(err).splitlines()[0] if str(err) else "invalid config")
+        _remove_hydras_start(run_dir)
+        if multirun:
+            return None
+        sys.exit(1)
     with ExitStack() as held:
         try:
             distributed.setup(resolve_device(cfg.device))
@@ -238,6 +247,19 @@ def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | N
     if multirun:
         return None  # the sweep goes on; the report lists this run as failed
     sys.exit(1)
+
+
+#: what Hydra writes into a job's directory before posenc runs: all that a refused config left
+HYDRA_START = frozenset({".hydra", "train.log"})
+
+
+def _remove_hydras_start(run_dir: RunDir) -> None:
+    """Remove a run directory that holds only what Hydra wrote for this job (its ``.hydra/``
+    copy of the settings and the log): a refused configuration leaves nothing behind. A
+    directory with anything else in it (an earlier run) is left as it is."""
+    path = run_dir.path
+    if path.is_dir() and not path.is_symlink() and {p.name for p in path.iterdir()} <= HYDRA_START:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _record_failure(run_dir: RunDir, error: str, message: str, trace: str | None = None) -> None:
