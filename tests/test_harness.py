@@ -150,14 +150,17 @@ def test_nan_policy_skip_skips_bad_batches(tmp_path, monkeypatch):
     assert summary["steps"] == 6 and summary["skipped_batches"] == 1
 
 
-def test_impossible_model_settings_are_refused_before_data_is_read(tmp_path):
+def test_impossible_model_settings_are_refused_before_data_is_read(tmp_path, caplog):
+    """A single run refused writes nothing; a sweep's job records why, for its report."""
     cfg = compose(*SMOKE, "model.n_heads=3")
     with open_dict(cfg):
         cfg.data.kind = "local"
         cfg.data.dir = str(tmp_path / "no-such-dir")
     with pytest.raises(SystemExit):
-        run(cfg, tmp_path)
-    message = json.loads((tmp_path / "failed.json").read_text())["message"]
+        run(cfg, tmp_path / "single")
+    assert "not divisible" in caplog.text and not (tmp_path / "single").exists()
+    assert run(cfg, tmp_path / "job", multirun=True) is None
+    message = json.loads((tmp_path / "job" / "failed.json").read_text())["message"]
     assert "not divisible" in message
 
 

@@ -68,8 +68,8 @@ def sweep(tmp_path_factory) -> Path:
         mp.setenv("HF_HUB_OFFLINE", "1")
         for name, (pe, seed) in DONE.items():
             run(compose(*SHORT, f"pe={pe}", f"seed={seed}"), root / name)
-        with pytest.raises(SystemExit):  # a single run exits after recording failed.json
-            run(compose(*SHORT, "pe=alibi", "model.n_heads=3"), root / FAILED)
+        # a sweep's job records its failure in failed.json and the sweep goes on
+        run(compose(*SHORT, "pe=alibi", "model.n_heads=3"), root / FAILED, multirun=True)
     torch.set_num_threads(threads)  # run() set it for this process; leave other tests alone
     unfinished = root / UNFINISHED
     unfinished.mkdir()

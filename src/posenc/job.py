@@ -207,14 +207,13 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
 
 def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | None:
     _absolute_paths(cfg)
-    try:
-        check_config(cfg)  # a configuration error writes nothing: no run directory, no record
-    except ValueError as err:
-        log.error("ValueError: %s", str(err).splitlines()[0] if str(err) else "invalid config")
-        _remove_hydras_start(run_dir)
-        if multirun:
-            return None
-        sys.exit(1)
+    if not multirun:
+        try:  # a refused setting of a single run writes nothing (a sweep's job is recorded
+            check_config(cfg)  # below, in failed.json, so that its report lists it)
+        except ValueError as err:
+            log.error("ValueError: %s", str(err).splitlines()[0] if str(err) else "invalid")
+            _remove_hydras_start(run_dir)
+            sys.exit(1)
     with ExitStack() as held:
         try:
             distributed.setup(resolve_device(cfg.device))
