@@ -44,3 +44,17 @@ def test_the_progress_bar_writes_to_stderr_and_changes_no_translation(capsys):
     assert with_bar == without
     assert silent.err == silent.out == shown.out == ""
     assert "decoding" in shown.err and f"/{len(sources)}" in shown.err
+
+
+def test_decoding_stops_where_a_learned_table_ends_instead_of_failing_there():
+    """A learned table of 6 positions, asked for up to 50 tokens: greedy decoding and beam
+    search stop at 6 tokens, EOS included (5 and the forced EOS: BOS and 5 tokens fill the
+    table's 6 decoder positions), where asking for a 7th position would fail."""
+    model = tiny_model("learned", max_len=6).eval()
+    model.eos_id = -1  # never chosen: every row runs to its limit
+    src = torch.randint(3, 40, (2, 4))
+    assert model.position_limit == 6
+    assert [len(row) for row in model.generate(src, max_len_a=0.0, max_len_b=50)] == [5, 5]
+    model.eos_id = 2
+    found = model.generate(src, max_len_a=0.0, max_len_b=50, beam_size=2)
+    assert all(len(row) <= 5 for row in found)

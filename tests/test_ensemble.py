@@ -148,6 +148,7 @@ class Reference:
     pad_id: int = PAD
     bos_id: int = BOS
     eos_id: int = EOS
+    position_limit: int | None = None
 
     def start(self, src: Tensor, use_cache: bool) -> FromScratch:
         return FromScratch(self.models, src)

@@ -82,6 +82,12 @@ class Ensemble(Translator):
         self.models = nn.ModuleList(models)
         self.pad_id, self.bos_id, self.eos_id = first[1:]
 
+    @property
+    def position_limit(self) -> int | None:
+        """The smallest of the models' limits (None when none has one)."""
+        limits = [m.position_limit for m in self.models if m.position_limit is not None]
+        return min(limits) if limits else None
+
     def start(self, src: Tensor, use_cache: bool = True) -> EnsembleDecoding:
         """Every model's encoding of ``src (B, Ls)``, each with an empty cache when
         ``use_cache``."""

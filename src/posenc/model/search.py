@@ -57,6 +57,8 @@ class Decodable(Protocol):
     pad_id: int
     bos_id: int
     eos_id: int
+    position_limit: int | None
+    """the most target tokens it can place (its decoder's positions); None: any"""
 
     def start(self, src: Tensor, use_cache: bool) -> DecodeState:
         """Encode ``src (B, Ls)``: the state of its ``B`` rows before their first token."""
@@ -102,10 +104,14 @@ class Beams:
         self.state.select(rows)
 
 
-def max_lengths(src_pad: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
+def max_lengths(
+    src_pad: Tensor, max_len_a: float, max_len_b: int, cap: int | None = None
+) -> Tensor:
     """``(B,)`` the most tokens (EOS included) each source of ``src_pad (B, Ls)`` may produce:
-    ``max_len_a * source_length + max_len_b``, rounded down."""
-    return ((~src_pad).sum(dim=1).float() * max_len_a + max_len_b).long()
+    ``max_len_a * source_length + max_len_b``, rounded down, and at most ``cap`` (a model's
+    :attr:`Decodable.position_limit`: decoding never asks for a position it cannot embed)."""
+    limits = ((~src_pad).sum(dim=1).float() * max_len_a + max_len_b).long()
+    return limits if cap is None else limits.clamp(max=cap)
 
 
 @torch.no_grad()
@@ -126,7 +132,7 @@ def beam_search(
     batch, k = src.shape[0], beam_size
     scores = torch.full((batch, k), -math.inf, dtype=state.dtype, device=src.device)
     scores[:, 0] = 0.0  # one hypothesis to start from, not K copies of it
-    limits = max_lengths(state.src_pad, max_len_a, max_len_b)
+    limits = max_lengths(state.src_pad, max_len_a, max_len_b, model.position_limit)
     state.select(torch.arange(batch, device=src.device).repeat_interleave(k))
     beams = Beams(
         tokens=torch.full((batch * k, 1), model.bos_id, dtype=torch.long, device=src.device),

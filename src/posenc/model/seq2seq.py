@@ -26,11 +26,16 @@ from posenc.model.transformer import StackedTransformer
 class Translator(nn.Module):
     """Greedy decoding, sampling, beam search and n-best lists of a model that
     :class:`~posenc.model.search.Decodable` describes: its ``pad_id``, ``bos_id``, ``eos_id``
-    and :meth:`start`."""
+    and :meth:`start`, and its ``position_limit``."""
 
     pad_id: int
     bos_id: int
     eos_id: int
+
+    @property
+    def position_limit(self) -> int | None:
+        """The most target tokens it can place (its decoder's positions); None: any."""
+        raise NotImplementedError
 
     def start(self, src: Tensor, use_cache: bool) -> DecodeState:
         """Encode ``src (B, Ls)``: the state of its rows before their first token."""
@@ -107,7 +112,7 @@ class Translator(nn.Module):
         """Greedy decoding of ``src (B, Ls)``, or sampling as ``sampling`` says (row ``b`` with
         the draws of sentence ``sentence_ids[b]``); stops once every row has produced EOS."""
         state = self.start(src, use_cache)
-        limits = max_lengths(state.src_pad, max_len_a, max_len_b)
+        limits = max_lengths(state.src_pad, max_len_a, max_len_b, self.position_limit)
         batch = src.shape[0]
         if sampling is not None:
             ids = range(batch) if sentence_ids is None else sentence_ids
@@ -205,6 +210,11 @@ class Seq2Seq(Translator):
         src_pad = src.eq(self.pad_id)
         memory = self.encoder(self.src_embed(src) * self.embed_scale, src_pad)
         return memory, src_pad
+
+    @property
+    def position_limit(self) -> int | None:
+        """The decoder's :attr:`StackEncoding.max_positions` (None: any length)."""
+        return self.decoder.encoding.max_positions
 
     def start(self, src: Tensor, use_cache: bool = True) -> Decoding:
         """Encode ``src (B, Ls)`` for decoding, with an empty key/value cache when

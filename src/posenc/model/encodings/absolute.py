@@ -68,6 +68,11 @@ class LearnedEncoding(StackEncoding):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.table.weight, std=1.0 / math.sqrt(self.d_model))
 
+    @property
+    def max_positions(self) -> int | None:
+        """The table's rows, unless ``clamp`` reuses the last one for longer inputs."""
+        return None if self.clamp else self.max_len
+
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         if positions.numel() and int(positions.max()) >= self.max_len:
             if not self.clamp:

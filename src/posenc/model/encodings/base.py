@@ -348,6 +348,11 @@ class StackEncoding(EncodingModule):
         """Add absolute position information to the stack input ``x (B, L, d)``."""
         return x
 
+    @property
+    def max_positions(self) -> int | None:
+        """The most positions this stack can embed (positions ``0 .. n - 1``); None: any."""
+        return None
+
     def context(self, q_pos: Tensor, k_pos: Tensor) -> Any:
         """Per-forward precomputation shared by every layer's self-attention rule."""
         return None
