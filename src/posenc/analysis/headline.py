@@ -28,6 +28,8 @@ from posenc.analysis.report.runs import Entry
 MAX_SYSTEMS = 8
 #: each depth's marker, in the order the sweeps are given
 MARKERS = ("o", "s", "D", "^", "v")
+#: how the metrics are spelled on the axes
+LABELS = {"bleu": "BLEU", "chrf": "chrF"}
 
 Systems = Mapping[str, Sequence[Entry]]
 """A split's systems: name -> entries (one per run)."""
@@ -97,7 +99,8 @@ def headline_table(cells: Sequence[Cell], metric: str, baseline: str) -> list[st
         lines.append(f"| {system} | " + " | ".join(row) + " |")
     lines += [
         "",
-        f"Each cell: the system's mean {metric} over its seeds minus {baseline}'s, its 95% "
+        f"Each cell: the system's mean {LABELS.get(metric, metric)} over its seeds minus "
+        f"{baseline}'s, its 95% "
         "interval (seeds and resampled test sentences as noise) and the verdict, every cell of "
         "every metric one family under Holm's correction.",
     ]
@@ -117,7 +120,8 @@ def plot_headline(cells: Sequence[Cell], metric: str, baseline: str, path: Path)
         raise ValueError(
             f"{len(systems)} systems in one figure; draw at most {MAX_SYSTEMS} a figure"
         )
-    fig, axes = new_figure(3.2 * len(splits) + 1.5, 0.9 + 0.4 * len(systems), len(splits))
+    width = max(7.0, 3.2 * len(splits) + 1.5)
+    fig, axes = new_figure(width, 1.2 + 0.4 * len(systems), len(splits))
     offsets = {d: (i - (len(depths) - 1) / 2) * 0.18 for i, d in enumerate(depths)}
     for panel, (ax, split) in enumerate(zip(axes, splits, strict=True)):
         for cell in cells:
@@ -142,13 +146,12 @@ def plot_headline(cells: Sequence[Cell], metric: str, baseline: str, path: Path)
         ax.set_yticks(range(len(systems)), systems if panel == 0 else [], fontsize=7)
         ax.invert_yaxis()
         ax.set_title(split, fontsize=9)
-        ax.set_xlabel(f"{metric} minus {baseline}")
+        ax.set_xlabel(f"{LABELS.get(metric, metric)} minus {baseline}")
         ax.grid(axis="x", alpha=0.3)
     if depths:
-        axes[0].legend(fontsize=7, loc="lower left")
+        fig.legend(fontsize=7, loc="outside lower center", ncols=len(depths))
     fig.suptitle(
-        f"Each system against {baseline}: 95% intervals, seeds and sentences as noise; filled "
-        "markers are findings",
+        f"Against {baseline}: 95% intervals (seeds and sentences as noise); filled: a finding",
         fontsize=9,
     )
     fig.savefig(path, dpi=110)
