@@ -143,5 +143,5 @@ def test_the_bucket_contrasts_read_a_standalone_evaluations_variants(with_varian
     bucket_main([*args, "--bucket", "0-1000", "--bootstrap", "200"])
     table = capsys.readouterr().out
     assert "Sources of 0-999 tokens (12 sentences): rope's loss" in table
-    assert "rope [pi2] | 0 |" in table
+    assert "rope [pi2] | 1 / 1 |" in table
     assert "one seed only" in table or "within noise" in table

@@ -191,12 +191,16 @@ def spoil(data: dict, where: str, value) -> dict:
 @pytest.mark.parametrize(
     ("where", "value", "problem"),
     [
-        ("splits.test.bleu", "high", "splits.test.bleu is 'high', not a finite number"),
-        ("splits.test.bleu", [99], "splits.test.bleu is [99], not a finite number"),
-        ("splits.test.bleu", True, "splits.test.bleu is True, not a finite number"),
-        ("splits.test.loss", float("nan"), "splits.test.loss is nan, not a finite number"),
+        ("splits.test.bleu", "high", "splits.test.bleu is 'high', not a number from 0 to 100"),
+        ("splits.test.bleu", [99], "splits.test.bleu is [99], not a number from 0 to 100"),
+        ("splits.test.bleu", True, "splits.test.bleu is True, not a number from 0 to 100"),
+        ("splits.test.loss", float("nan"), "splits.test.loss is nan, not a number from 0 to inf"),
         ("splits.test.sentences", ..., "splits.test.sentences is missing"),
-        ("splits.test.bertscore_f1", "0.9", "splits.test.bertscore_f1 is '0.9', not a number or"),
+        (
+            "splits.test.bertscore_f1",
+            "0.9",
+            "splits.test.bertscore_f1 is '0.9', not a number from -1 to 1 or",
+        ),
         ("splits.test.buckets.0.min", None, "splits.test.buckets[0].min is None, not an integer"),
         ("splits.test.buckets", {}, "splits.test.buckets is {}, not a list"),
         ("splits", [], "splits is [], not a mapping"),
@@ -298,7 +302,7 @@ def run_row(markdown: str, name: str) -> str:
     [
         ("bomb", "config.yaml: it has YAML anchors or aliases (line 2)"),
         ("interpolated", "config.yaml: s1 is '${s0}${s0}', an interpolation"),
-        ("pe=rope", "metrics.json: splits.test.bleu is '99', not a finite number"),
+        ("pe=rope", "metrics.json: splits.test.bleu is '99', not a number from 0 to 100"),
         ("summary", "train_summary.json: steps is 'many', not an integer"),
         ("failure", "failed.json: error is 1, not a string"),
     ],
