@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 27's study on a 2-core CPU, one stage after another, two single-threaded jobs at a time:
+# The study of docs/RESULTS.md on a 2-core CPU, one stage after another, two single-threaded jobs at a time:
 #   compare    every configs/pe/*.yaml (ALiBi and KERPLE in their default forms) and the
 #              VARIANTS below (the symmetric encoder forms among them); seed 0 for
 #              all, then seed 1, then seed 2 (partial results stay balanced across encodings)

@@ -1,7 +1,7 @@
 """Copy sweep reports into docs/ and refill the generated sections of the pages:
 ``python scripts/update_results.py [--sweeps outputs/sweeps] [--study ../study/outputs/sweeps]``.
 
-- Issue 27's study (``scripts/study.sh``): each sweep's report (``scripts/report.py SWEEP``; its
+- The study (``scripts/study.sh``): each sweep's report (``scripts/report.py SWEEP``; its
   ``report/`` folder) is copied to ``docs/study/<sweep>/``, which ``docs/RESULTS.md`` links to.
 - The measurements behind the settings: the encoder-form sweeps' reports and the benchmark
   (``docs/bench/bench.md``) are embedded in ``docs/METHODS.md`` between their markers.

@@ -1,4 +1,4 @@
-"""The GPU bundle (issue 31): the wheels and data that travel to the GPU machine, and the one
+"""The GPU bundle: the wheels and data that travel to the GPU machine, and the one
 command run there (``scripts/gpu/run.sh``), checked on the CPU. Nothing here needs the network:
 the tests of a built bundle skip when ``gpu_bundle/`` has not been built
 (``bash scripts/gpu/build_bundle.sh``)."""

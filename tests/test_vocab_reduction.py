@@ -1,4 +1,4 @@
-"""Specifications of ``tokenizer.training_types_only`` (issue 15): with ``tokenizer=mbert`` the
+"""Specifications of ``tokenizer.training_types_only``: with ``tokenizer=mbert`` the
 model gets only the special tokens and the WordPiece types that occur in the training split, as
 compact ids; other types encode as ``[UNK]``; ``false`` keeps mBERT's own ids.
 

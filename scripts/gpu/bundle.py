@@ -1,6 +1,6 @@
 """What the GPU machine lacks, in one place: the wheels and data files that travel to it.
 
-The GPU machine (issue 31: one H100 or H200, Python 3.12, a CUDA build of torch, no network)
+The GPU machine (one H100 or H200, Python 3.12, a CUDA build of torch, no network)
 runs a copy of the working tree plus up to 64 MiB of carried, git-ignored paths. Its image holds
 the packages in ``scripts/gpu/image_packages.txt``; :data:`PACKAGES` are the ones posenc needs
 beyond those (pinned to the versions this machine's ``.venv`` tests), :data:`NOT_CARRIED` the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one command to run on the GPU machine (issue 31), from the repository root, with the
+# The one command to run on the GPU machine, from the repository root, with the
 # git-ignored gpu_bundle/ carried along (bash scripts/gpu/build_bundle.sh builds it here):
 #
 #   bash scripts/gpu/run.sh STEP [ARGS...]
@@ -22,7 +22,7 @@
 #   depth        train.py -m experiment=depth (model=base, five encodings, DEPTH_SEEDS) and each of
 #                DEPTH_VARIANTS, all at once, then the report: depth.tar.gz and depth.md
 #   study        seed_report and scaling at once: the study's GPU runs in one call of the device
-#                tool (15 minutes of device time a session)
+#                tool (15 minutes of device time a loan)
 #   smoke        a tiny train + decode + score (experiment=smoke); its metrics to $OUT
 # Settings (environment): PYTHON (default /opt/torch/.venv/bin/python3, else python3); DEVICE
 # (default cuda when torch sees a GPU, else cpu: then every step runs with device=cpu on tiny

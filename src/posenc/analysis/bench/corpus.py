@@ -1,4 +1,4 @@
-"""The prepared corpus at scale (issue 28's targets): for synthetic corpora of several sizes,
+"""The prepared corpus at scale, against its targets: for synthetic corpora of several sizes,
 the time and peak memory of preparing the store, the time and peak memory of a training run
 that finds it prepared (to its first optimizer step), and of two torchrun ranks on it.
 

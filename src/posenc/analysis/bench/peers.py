@@ -6,7 +6,7 @@ What each peer is, and which encodings it is compared with (``configs/bench/peer
 
 * **torch**: a plain ``torch.nn.Transformer`` of the ``--model`` shape
   (:class:`.peer_models.TorchTransformer`), its training step on the same batches at every
-  length; every encoding's training step is given as a ratio to it (issue 15's target: at most
+  length; every encoding's training step is given as a ratio to it (the target: at most
   ``torch.max_ratio``);
 * **seed**: the seed report's approach at its own setting (:mod:`.seed_model`: model
   ``seed.model``, batches of ``seed.batch`` sentences of ``seed.length`` tokens), each of its
