@@ -30,17 +30,17 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5, help="profiled steps")
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
+    names = args.pe.split(",")
+    settings = BenchSettings(
+        encodings=names,
+        tokens=args.tokens,
+        model=args.model,
+        device=args.device,
+        precision=args.precision,
+    )
     parts = []
-    for name in args.pe.split(","):
-        settings = BenchSettings(
-            encodings=[name],
-            tokens=args.tokens,
-            model=args.model,
-            device=args.device,
-            precision=args.precision,
-        )
-        settings.encodings = [name]  # the reference is not profiled alongside
-        found = profile_step(settings, args.length, steps=args.steps)
+    for name in names:
+        found = profile_step(settings, name, args.length, steps=args.steps)
         parts.append(
             f"## pe={name}, model={args.model}, {found['batch']} x {args.length} tokens, "
             f"{settings.device}, {settings.precision}\n\n"

@@ -61,15 +61,8 @@ class TrainedRun:
         found, _ = translate_nbest(
             self.model, self.tokenizer, sources, settings, self.device, nbest
         )
-        return [
-            [
-                (h.score, text)
-                for h, text in zip(
-                    hyps, self.tokenizer.decode_batch([h.tokens for h in hyps]), strict=True
-                )
-            ]
-            for hyps in found
-        ]
+        texts = iter(self.tokenizer.decode_batch([h.tokens for hyps in found for h in hyps]))
+        return [[(h.score, next(texts)) for h in hyps] for hyps in found]
 
 
 def load_run(path: str | Path, *overrides: str) -> TrainedRun:

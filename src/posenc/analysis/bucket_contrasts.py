@@ -32,11 +32,11 @@ import numpy as np
 
 from posenc.analysis.decision import (
     ALPHA,
-    MAX_SEEDS,
     Comparison,
     compare_scores,
     holm,
     seeds_for_power,
+    seeds_text,
 )
 from posenc.analysis.penalty import done_runs, systems_of
 from posenc.analysis.report.runs import Entry, reference_of
@@ -229,16 +229,11 @@ def contrast_table(comparison: BucketComparison) -> str:
     ]
     for c in comparison.contrasts:
         d = c.comparison
-        interval = "" if d.low is None else f" [{d.low:+.3f}, {d.high:+.3f}]"
         seeds = f"{d.seeds[0]} / {d.seeds[1]}" + (" paired" if d.paired else "")
-        needed = (
-            "—"
-            if d.p is None
-            else (f">{MAX_SEEDS}" if c.seeds_needed is None else str(c.seeds_needed))
-        )
+        needed = "—" if d.p is None else seeds_text(c.seeds_needed)
         lines.append(
             f"{c.system} | {seeds} | {c.loss[0]:.3f} ± {c.loss[1]:.3f} | "
-            f"{d.difference:+.3f}{interval} | {_p(d.p)} | {_p(c.p_holm)} | {needed} | "
+            f"{d.text(3)} | {_p(d.p)} | {_p(c.p_holm)} | {needed} | "
             f"{c.verdict}"
         )
     return "\n".join(lines)

@@ -67,6 +67,13 @@ class Comparison:
     seeds: tuple[int, int]
     paired: bool
 
+    def text(self, digits: int = 2) -> str:
+        """``+1.23 [+0.40, +2.06]``: the difference and its 95% interval (the difference alone
+        where there is none)."""
+        if self.low is None or self.high is None:
+            return f"{self.difference:+.{digits}f}"
+        return f"{self.difference:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+
     @property
     def se(self) -> float | None:
         """The standard error of :attr:`difference` (both components)."""
@@ -157,6 +164,11 @@ def seeds_for_power(comparison: Comparison, family: int = 1) -> int | None:
         if stats.nct.sf(critical, df, shift) >= POWER:
             return n
     return None
+
+
+def seeds_text(needed: int | None) -> str:
+    """:func:`seeds_for_power`'s answer as tables show it: ``>50`` past :data:`MAX_SEEDS`."""
+    return f">{MAX_SEEDS}" if needed is None else str(needed)
 
 
 def sentence_statistics(

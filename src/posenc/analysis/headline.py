@@ -93,9 +93,7 @@ def headline_table(cells: Sequence[Cell], metric: str, baseline: str) -> list[st
             if judged is None:
                 row.append("-")
                 continue
-            c = judged.comparisons[metric]
-            interval = "" if c.low is None else f" [{c.low:+.2f}, {c.high:+.2f}]"
-            row.append(f"{c.difference:+.2f}{interval} {cell.verdict()}")
+            row.append(f"{judged.comparisons[metric].text()} {cell.verdict()}")
         lines.append(f"| {system} | " + " | ".join(row) + " |")
     lines += [
         "",

@@ -16,9 +16,15 @@ from posenc.analysis.bench.runner import BenchSettings, build_workload, training
 
 
 def profile_step(
-    settings: BenchSettings, length: int, steps: int = 5, warmup: int = 3, rows: int = 25
+    settings: BenchSettings,
+    name: str,
+    length: int,
+    steps: int = 5,
+    warmup: int = 3,
+    rows: int = 25,
 ) -> dict[str, Any]:
-    """Profile ``steps`` training steps of ``settings.encodings[0]`` on batches of
+    """Profile ``steps`` training steps of encoding ``name`` (built as the benchmark builds
+    ``settings``' encodings) on batches of
     ``settings.tokens // length`` pairs of ``length`` tokens, after ``warmup`` steps.
 
     Returns ``{"encoding", "length", "batch", "step_s", "device_busy", "table"}``: the mean wall
@@ -26,7 +32,6 @@ def profile_step(
     kernels ran (the CPU's operators on the CPU), and the operator table, sorted by self time on
     the device, ``rows`` long.
     """
-    name = settings.encodings[0]
     work = build_workload(name, settings)
     batch = training_batch(max(1, settings.tokens // length), length, settings)
     for _ in range(warmup):

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from posenc.analysis.decision import MAX_SEEDS, Comparison
+from posenc.analysis.decision import MAX_SEEDS
 from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.curves import kendall_tau
 from posenc.analysis.report.findings import (
@@ -33,6 +33,7 @@ from posenc.analysis.report.findings import (
     StatisticsCache,
     judge_family,
     judge_pair,
+    power_cells,
 )
 from posenc.analysis.report.runs import (
     DONE,
@@ -244,10 +245,10 @@ def contrasts_markdown(rows: Sequence[Contrast], samples: int) -> list[str]:
             continue
         bleu, chrf = judged.comparisons["bleu"], judged.comparisons["chrf"]
         seeds = f"{bleu.seeds[0]} / {bleu.seeds[1]}" + (" paired" if bleu.paired else "")
-        needed = ", ".join(_seeds(judged.seeds_needed, m) for m in ("bleu", "chrf"))
+        needed = power_cells(judged)
         lines.append(
-            f"| {row.split} | {row.first} | {row.second} | {seeds} | {_interval(bleu)} | "
-            f"{_interval(chrf)} | {_p(judged.p_holm.get('bleu'))} | "
+            f"| {row.split} | {row.first} | {row.second} | {seeds} | {bleu.text()} | "
+            f"{chrf.text()} | {_p(judged.p_holm.get('bleu'))} | "
             f"{_p(judged.p_holm.get('chrf'))} | {needed} | {row.verdict} |"
         )
     lines += [
@@ -284,20 +285,6 @@ def decoding_markdown(comparison: DecodingComparison, samples: int) -> list[str]
             f"between the two rankings by mean BLEU: {agreement}."
         )
     return lines
-
-
-def _interval(comparison: Comparison) -> str:
-    """``+1.23 [+0.40, +2.06]``, or the difference alone where there is no interval."""
-    if comparison.low is None:
-        return f"{comparison.difference:+.2f}"
-    return f"{comparison.difference:+.2f} [{comparison.low:+.2f}, {comparison.high:+.2f}]"
-
-
-def _seeds(needed: dict[str, int | None], metric: str) -> str:
-    """The seeds for power of a tested metric, ``-`` for one not tested."""
-    if metric not in needed:
-        return "-"
-    return f">{MAX_SEEDS}" if needed[metric] is None else str(needed[metric])
 
 
 def _p(value: float | None) -> str:

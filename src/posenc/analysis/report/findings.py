@@ -22,6 +22,7 @@ from posenc.analysis.decision import (
     holm,
     loop_share,
     seeds_for_power,
+    seeds_text,
     sentence_deviation,
     sentence_statistics,
 )
@@ -46,21 +47,40 @@ VERDICTS = (WORSE, ONLY_BLEU, ONLY_CHRF, OPPOSITE, ONE_SEED, NOISE, UNINFORMATIV
 
 
 class StatisticsCache:
-    """Each hypothesis file's sentence statistics per metric, computed once per report (a file
-    takes part in many comparisons)."""
+    """What the comparisons read of each run's files, read once per report (a run takes part
+    in many comparisons): its hypotheses and references, their sentence statistics per metric,
+    its share of looping translations."""
 
     def __init__(self) -> None:
+        self._texts: dict[tuple[Path, Path], tuple[list[str], list[str]] | None] = {}
         self._table: dict[tuple[Path, Path, str], np.ndarray] = {}
+        self._loops: dict[Path, float] = {}
+
+    def texts(self, entry: Entry) -> tuple[list[str], list[str]] | None:
+        """``(hypotheses, references)`` of the entry, None without both or when their lengths
+        differ."""
+        key = (entry.hypotheses, entry.references)
+        if key not in self._texts:
+            hyps, refs = read_lines(entry.hypotheses), read_lines(entry.references)
+            self._texts[key] = (hyps, refs) if hyps and refs and len(hyps) == len(refs) else None
+        return self._texts[key]
 
     def of(self, entry: Entry, metric: str) -> np.ndarray | None:
         """``(N, k)`` statistics of the entry's hypotheses, None without both files."""
         key = (entry.hypotheses, entry.references, metric)
         if key not in self._table:
-            hyps, refs = read_lines(entry.hypotheses), read_lines(entry.references)
-            if not hyps or not refs or len(hyps) != len(refs):
+            texts = self.texts(entry)
+            if texts is None:
                 return None
-            self._table[key] = sentence_statistics(metric, hyps, refs)
+            self._table[key] = sentence_statistics(metric, *texts)
         return self._table[key]
+
+    def loops(self, entry: Entry) -> float:
+        """The share of the entry's hypotheses that loop (0 without them)."""
+        if entry.hypotheses not in self._loops:
+            texts = self.texts(entry)
+            self._loops[entry.hypotheses] = loop_share(texts[0]) if texts else 0.0
+        return self._loops[entry.hypotheses]
 
 
 @dataclass
@@ -103,26 +123,29 @@ def judge_pair(
     ``samples`` resampled test sets for the sentence noise; None when a run lacks its
     hypotheses or scores, or the two were scored against different references."""
     sides = (by_seed(first), by_seed(second))
-    references = {tuple(read_lines(e.references) or ()) for side in sides for e in side.values()}
-    if len(references) != 1 or references == {()}:
+    texts = [cache.texts(e) for side in sides for e in side.values()]
+    if any(t is None or t[1] != texts[0][1] for t in texts):  # type: ignore[index]
         return None
     comparisons = {}
     for metric in METRICS:
         scores = [{s: e.scores.get(metric) for s, e in side.items()} for side in sides]
         tables = [[cache.of(e, metric) for e in side.values()] for side in sides]
-        if any(v is None for side in scores for v in side.values()) or any(
-            t is None for side in tables for t in side
-        ):
+        if any(v is None for side in scores for v in side.values()):
             return None
         noise = sentence_deviation(metric, *tables, samples=samples)
         comparisons[metric] = compare_scores(*scores, sentence_se=noise)
-    loops = tuple(
-        statistics.fmean(loop_share(read_lines(e.hypotheses) or []) for e in side.values())
-        for side in sides
-    )
+    loops = tuple(statistics.fmean(cache.loops(e) for e in side.values()) for side in sides)
     bleu = [statistics.fmean(e.scores["bleu"] for e in side.values()) for side in sides]
     floor = min(bleu) < NOISE_FLOOR_BLEU or max(loops) >= LOOP_CEILING
     return Judgement(comparisons, floor, loops)  # type: ignore[arg-type]
+
+
+def power_cells(judgement: Judgement) -> str:
+    """``BLEU, chrF`` seeds for power as a table cell: ``-`` for a metric not tested."""
+    return ", ".join(
+        seeds_text(judgement.seeds_needed[m]) if m in judgement.seeds_needed else "-"
+        for m in METRICS
+    )
 
 
 def judge_family(judgements: Sequence[Judgement]) -> None:

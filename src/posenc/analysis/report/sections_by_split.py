@@ -18,6 +18,7 @@ from posenc.analysis.report.findings import (
     StatisticsCache,
     judge_family,
     judge_pair,
+    power_cells,
 )
 from posenc.analysis.report.render import SECTIONS, Table, Writer, fmt, fmt_stats, record_stats
 from posenc.analysis.report.runs import FAILED, Entry, Run
@@ -281,23 +282,12 @@ def _significance_cells(
             f"p_{metric}": p,
         }.items():
             w.record("significance", split, name, "", key, value)
-        interval = (
-            "" if comparison.low is None else (f" [{comparison.low:+.2f}, {comparison.high:+.2f}]")
-        )
-        cells += [f"{comparison.difference:+.2f}{interval}", fmt(p, 4)]
+        cells += [comparison.text(), fmt(p, 4)]
     if judgement is None:
         return cells + ["", "", ""]
     w.record("significance", split, name, "", "verdict", judgement.verdict)
     w.record("significance", split, name, "", "loops", judgement.loops[1])
-    needed = ", ".join(
-        "-"
-        if m not in judgement.seeds_needed
-        else (
-            f">{MAX_SEEDS}" if judgement.seeds_needed[m] is None else str(judgement.seeds_needed[m])
-        )
-        for m in ("bleu", "chrf")
-    )
-    return cells + [f"{judgement.loops[1]:.0%}", needed, judgement.verdict]
+    return cells + [f"{judgement.loops[1]:.0%}", power_cells(judgement), judgement.verdict]
 
 
 # ---------------------------------------------------------------- 5. length buckets
