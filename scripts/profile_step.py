@@ -27,6 +27,9 @@ def main() -> int:
     parser.add_argument("--length", type=int, default=128, help="tokens per sentence")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
+    parser.add_argument(
+        "--compile", action="store_true", help="the step through torch.compile(model)"
+    )
     parser.add_argument("--steps", type=int, default=5, help="profiled steps")
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
@@ -37,13 +40,15 @@ def main() -> int:
         model=args.model,
         device=args.device,
         precision=args.precision,
+        compile=args.compile,
     )
     parts = []
     for name in names:
         found = profile_step(settings, name, args.length, steps=args.steps)
         parts.append(
             f"## pe={name}, model={args.model}, {found['batch']} x {args.length} tokens, "
-            f"{settings.device}, {settings.precision}\n\n"
+            f"{settings.device}, {settings.precision}"
+            f"{', torch.compile' if settings.compile else ''}\n\n"
             f"step {1000 * found['step_s']:.1f} ms (profiled), device busy "
             f"{found['device_busy']:.0%} of it\n\n```\n{found['table']}\n```\n"
         )

@@ -1,6 +1,6 @@
 """A held-out set's clean part (:mod:`posenc.analysis.report.clean`): runs made before the holdout
 dropped shared targets are scored again, from the hypotheses they wrote, on the held-out pairs
-that share no side with their training pairs; runs whose set does not leak get no clean split."""
+that share no side with their training pairs; runs whose set does not leak enter it whole."""
 
 from __future__ import annotations
 
@@ -75,6 +75,10 @@ def test_a_leaking_set_is_scored_again_on_the_pairs_that_share_nothing_with_trai
     )
 
 
-def test_a_set_held_out_under_the_rule_has_no_clean_split(tmp_path, twins):
+def test_a_set_held_out_under_the_rule_is_clean_whole(tmp_path, twins):
+    """Runs made under ``data.holdout_drops`` and before it can be read on one clean split."""
     run = finished_run(tmp_path, data_node(twins, holdout_drops=["source", "target"]), "new")
-    assert clean_entries([Group("rope", "rope", "", [run])], ["inside"], tmp_path / "r") == {}
+    found = clean_entries([Group("rope", "rope", "", [run])], ["inside"], tmp_path / "r")
+    (entry,) = found["inside-clean"]["rope"]
+    assert entry.scores == run.metrics["splits"]["inside"]
+    assert entry.references == tmp_path / "new" / "references.inside.txt"

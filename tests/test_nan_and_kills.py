@@ -56,6 +56,21 @@ def nan_training_losses(monkeypatch, is_nan, give_up_after: int = 60) -> None:
     monkeypatch.setattr(train_module, "token_loss", loss)
 
 
+def nan_gradients(monkeypatch, is_nan) -> None:
+    """The training loss of the n-th batch (from 1) stays finite, but the gradient flowing back
+    from it is NaN where ``is_nan(n)``: a kernel's backward gone wrong."""
+    real_loss = train_module.token_loss
+    batches = iter(range(1, 61))
+
+    def loss(*args, **kwargs):
+        value, nll, n = real_loss(*args, **kwargs)
+        if torch.is_grad_enabled() and is_nan(next(batches)):
+            value.register_hook(lambda grad: grad * NAN)
+        return value, nll, n
+
+    monkeypatch.setattr(train_module, "token_loss", loss)
+
+
 def validation_losses(monkeypatch, *losses: float) -> None:
     """The validations of the run return ``losses``, in order (no model is run)."""
     returned: Iterator[float] = iter(losses)
@@ -92,6 +107,32 @@ def test_skips_in_a_row_are_counted_afresh_after_every_step_taken(tmp_path, monk
     run(compose(*OVERRIDES, *skip), tmp_path)
     summary = json.loads((tmp_path / "train_summary.json").read_text())
     assert summary["steps"] == 4 and summary["skipped_batches"] == 4
+
+
+def test_gradients_that_are_not_finite_under_a_finite_loss_stop_the_run_before_the_update(
+    tmp_path, monkeypatch
+):
+    """One such step would write NaN into every weight, and the next loss would be NaN with the
+    cause a step behind it."""
+    nan_gradients(monkeypatch, lambda batch: batch == 3)
+    with pytest.raises(SystemExit):
+        run(compose(*OVERRIDES, "trainer.max_steps=4"), tmp_path)
+    last = tmp_path / "checkpoints" / "last.pt"
+    assert failure(tmp_path) == (
+        "the gradient norm became nan at step 3; lower trainer.lr or set "
+        f"trainer.nan_policy=skip, with {paste('trainer.resume', last)} to go on from the "
+        "newest finite checkpoint"
+    )
+
+
+def test_nan_policy_skip_skips_a_batch_whose_gradients_are_not_finite(tmp_path, monkeypatch):
+    nan_gradients(monkeypatch, lambda batch: batch == 3)
+    skip = ("trainer.nan_policy=skip", "trainer.max_steps=4")
+    run(compose(*OVERRIDES, *skip), tmp_path)
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert summary["steps"] == 4 and summary["skipped_batches"] == 1
+    weights = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert all(tensor.isfinite().all() for tensor in weights.values())
 
 
 def test_resuming_with_a_lower_trainer_lr_trains_with_it(tmp_path):

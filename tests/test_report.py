@@ -179,7 +179,8 @@ def test_every_run_records_its_hardware_and_the_report_states_it(report, sweep):
     assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     _, markdown, _ = report
     line = next(line for line in markdown.splitlines() if line.startswith("Hardware: "))
-    assert f"{machine['cpu']} + {machine['cpu_capability']} (3 run(s))" in line
+    where = " + ".join(filter(None, [machine["cpu"], machine["cpu_capability"], gpu]))
+    assert f"{where} (3 run(s))" in line
     assert "not recorded (2 run(s))" in line
 
 

@@ -18,21 +18,22 @@ class TrainingError(RuntimeError):
     """Training cannot go on (a NaN loss, say); the message names the step and the way out."""
 
 
-def nan_loss(step_loss: float, step: int, checkpoints: Path) -> str:
-    """What to do when the loss of optimizer step ``step`` is not finite
-    (``trainer.nan_policy=stop``)."""
+def nan_loss(value: float, step: int, checkpoints: Path, what: str = "loss") -> str:
+    """What to do when the ``what`` of optimizer step ``step`` (its loss, or its gradient norm
+    under a finite loss) is ``value``, not finite (``trainer.nan_policy=stop``)."""
     return nan_message(
-        f"loss became {step_loss} at step {step}",
+        f"{what} became {value} at step {step}",
         "lower trainer.lr or set trainer.nan_policy=skip",
         checkpoints,
     )
 
 
-def skip_limit(step_loss: float, step: int, skipped: int, checkpoints: Path) -> str:
-    """What to do when ``skipped`` batches in a row, the last at step ``step``, had a loss
-    that is not finite (``trainer.nan_policy=skip`` reached ``trainer.nan_skip_limit``)."""
+def skip_limit(value: float, step: int, skipped: int, checkpoints: Path, what: str = "loss") -> str:
+    """What to do when ``skipped`` batches in a row, the last at step ``step``, had a ``what``
+    (loss, gradient norm) that is not finite, the last ``value`` (``trainer.nan_policy=skip``
+    reached ``trainer.nan_skip_limit``)."""
     return nan_message(
-        f"loss was {step_loss} in {skipped} batches in a row at step {step} "
+        f"{what} was {value} in {skipped} batches in a row at step {step} "
         f"(trainer.nan_skip_limit={skipped})",
         "lower trainer.lr",
         checkpoints,

@@ -378,15 +378,18 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     loss_sum, nll_sum = distributed.all_reduce([loss_sum, nll_sum], device)
     step_loss = loss_sum / n_tokens
     if not math.isfinite(step_loss):
-        skip_or_stop(run, step_loss)
+        skip_or_stop(run, step_loss, "loss")
+        return False
+    # the norm before clipping (inf clips nothing); a finite loss can still give gradients that
+    # are not (a kernel's backward), and one such step would write NaN into every weight
+    grad_norm = float(
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), trainer.clip_norm or math.inf)
+    )
+    if not math.isfinite(grad_norm):
+        skip_or_stop(run, grad_norm, "the gradient norm")
         return False
     run.skipped_in_a_row = 0
     reporting = (state.step + 1) % trainer.log_every == 0
-    grad_norm = None
-    if trainer.clip_norm or reporting:  # the norm before clipping; inf clips nothing
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            run.model.parameters(), trainer.clip_norm or math.inf
-        )
     run.optimizer.step()
     run.scheduler.step()
     if run.ema is not None:
@@ -401,27 +404,28 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     if run.logger is not None:
         run.logger.against_time("train_loss", step_loss, state.train_seconds, n_tokens)
     if reporting:
-        _report(run, None if grad_norm is None else float(grad_norm))
+        _report(run, grad_norm)
     run.progress.update(1)
     return True
 
 
-def skip_or_stop(run: Training, step_loss: float) -> None:
-    """Skip and count a batch whose loss is not finite (``trainer.nan_policy=skip``); raise
+def skip_or_stop(run: Training, value: float, what: str) -> None:
+    """Skip and count a batch whose ``what`` (the loss, the gradient norm) is ``value``, not
+    finite, before the optimizer step (``trainer.nan_policy=skip``); raise
     :class:`TrainingError` under ``nan_policy=stop`` or once ``trainer.nan_skip_limit`` batches
     in a row were skipped (naming the step and the newest finite checkpoint)."""
     trainer, step, checkpoints = run.trainer, run.state.step + 1, run.run_dir.checkpoints
     if trainer.nan_policy != "skip":
-        raise TrainingError(advice.nan_loss(step_loss, step, checkpoints))
+        raise TrainingError(advice.nan_loss(value, step, checkpoints, what))
     run.state.skipped_batches += 1
     run.skipped_in_a_row += 1
     run.optimizer.zero_grad(set_to_none=True)
     if run.skipped_in_a_row >= trainer.nan_skip_limit:
-        raise TrainingError(advice.skip_limit(step_loss, step, run.skipped_in_a_row, checkpoints))
-    log.warning("step %d: loss is %s; batch skipped", step, step_loss)
+        raise TrainingError(advice.skip_limit(value, step, run.skipped_in_a_row, checkpoints, what))
+    log.warning("step %d: %s is %s; batch skipped", step, what, value)
 
 
-def _report(run: Training, grad_norm: float | None) -> None:
+def _report(run: Training, grad_norm: float) -> None:
     """The window's means to ``train.log``, TensorBoard and the progress bar."""
     values = run.window.report(run.scheduler.get_last_lr()[0], grad_norm)
     run.window = StepWindow()

@@ -54,6 +54,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=("auto", "fp32", "bf16"),
         help="of the training step: auto = bf16 autocast on CUDA, fp32 on the CPU",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="training steps through torch.compile(model), as trainer.compile=true",
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument(
         "--peers",
@@ -91,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             variants=args.variant,
             device=args.device,
             precision=args.precision,
+            compile=args.compile,
         )
         if args.peers and settings.device != "cpu":
             raise ValueError(

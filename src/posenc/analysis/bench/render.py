@@ -71,6 +71,8 @@ def _device(settings: dict[str, Any], machine: dict[str, Any]) -> str:
     where = f"GPU {machine['gpu']} (CUDA {machine['cuda']})" if machine.get("gpu") else "CPU"
     precision = settings.get("precision", "fp32")
     step = "bf16 autocast" if precision == "bf16" else "fp32"
+    if settings.get("compile"):
+        step += ", torch.compile"
     return f"on the {where}, training steps in {step}, decoding in fp32"
 
 

@@ -72,6 +72,9 @@ class BenchSettings:
     """of the training step, as ``trainer.precision`` (``auto``: bf16 autocast on CUDA);
     replaced by what it resolves to (``fp32``, ``bf16``). Decoding runs in the model's dtype, as
     evaluation does"""
+    compile: bool = False
+    """the training step calls ``torch.compile`` of the model, as ``trainer.compile=true`` does
+    (decoding stays eager, as evaluation's)"""
 
     def __post_init__(self) -> None:
         device = resolve_device(self.device)
@@ -113,6 +116,14 @@ class Trainer:
     clip_norm: float
     amp: torch.dtype | None = None
     """the forward pass's autocast dtype (None: the model's own), as the training loop's"""
+    compiled: bool = False
+    """the step calls ``torch.compile(model)``, as the training loop with ``trainer.compile``"""
+
+    forward: nn.Module = field(init=False)
+    """what the step calls: the model, or its compiled form"""
+
+    def __post_init__(self) -> None:
+        self.forward = torch.compile(self.model) if self.compiled else self.model
 
     @classmethod
     def default(cls, model: nn.Module, *args: Any) -> Self:
@@ -128,7 +139,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         device_type = batch[0].device.type
         with torch.autocast(device_type, dtype=self.amp or torch.float32, enabled=bool(self.amp)):
-            loss, _, n_tokens = token_loss(self.model, batch, PAD_ID, self.smoothing)
+            loss, _, n_tokens = token_loss(self.forward, batch, PAD_ID, self.smoothing)
         (loss / n_tokens).backward()
         if self.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
@@ -166,7 +177,7 @@ def build_workload(name: str, settings: BenchSettings, model: str | None = None)
     pe, options = settings.subject(name)
     model = model or settings.model
     built = build_named_model(pe, model, settings.vocab_size, settings.seed, options=options)
-    return Workload.default(built.to(settings.torch_device), settings.amp)
+    return Workload.default(built.to(settings.torch_device), settings.amp, settings.compile)
 
 
 def training_batch(

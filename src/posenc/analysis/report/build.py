@@ -126,7 +126,11 @@ def build_report(
             )
         )
     systems = {split: split_entries(groups, split) for split in splits}
-    clean = clean_entries(groups, splits, out)
+    clean = {  # a clean split where no run's set leaks would repeat its split
+        name: per
+        for name, per in clean_entries(groups, splits, out).items()
+        if per != systems[name.removesuffix(SUFFIX)]
+    }
     systems.update(clean)
     splits = sorted(splits + list(clean), key=lambda split: split != focus)
     if splits and focus not in splits:

@@ -2,8 +2,9 @@
 pairs that share a target with their held-out sets (504 of the 1,000 Tatoeba references of the
 local mix); for each held-out split where a run's data leaks so, the report adds the split
 ``NAME-clean``: the pairs that share neither side with the run's training pairs, every run
-scored again there from the hypotheses it wrote (no retraining, no decoding). Its files are
-written under the report's ``clean/`` folder, one per run."""
+scored again there from the hypotheses it wrote (no retraining, no decoding); a run held out
+under the rule enters ``NAME-clean`` with the whole split, so sweeps of both kinds can be read
+on one clean split. Its files are written under the report's ``clean/`` folder, one per run."""
 
 from __future__ import annotations
 
@@ -28,17 +29,21 @@ SUFFIX = "-clean"
 def clean_entries(
     groups: Sequence[Group], splits: Sequence[str], out: Path
 ) -> dict[str, dict[str, list[Entry]]]:
-    """``{NAME-clean: {system: entries}}`` for each split of ``splits`` that is a held-out set
-    sharing sentences with some run's training pairs, every run of it rescored on the pairs
-    that share none (runs whose data cannot be read are left out, with a warning)."""
+    """``{NAME-clean: {system: entries}}`` for each held-out split of ``splits``: every run
+    scored on the pairs that share no side with its training pairs, which for a run whose
+    held-out set shares none is its own entry, whole (runs whose data cannot be read are left
+    out, with a warning)."""
     shared_by_data: dict[str, dict[str, list[bool]] | None] = {}
     found: dict[str, dict[str, list[Entry]]] = {}
     for split in splits:
         for system, entries in split_entries(groups, split).items():
             for entry in entries:
                 shared = _shared(entry.run.config, split, shared_by_data)
+                if shared and not any(shared):  # held out under the rule: all of it is clean
+                    found.setdefault(split + SUFFIX, {}).setdefault(system, []).append(entry)
+                    continue
                 hyps, refs = read_lines(entry.hypotheses), read_lines(entry.references)
-                if not shared or not any(shared) or not hyps or not refs:
+                if not shared or not hyps or not refs:
                     continue
                 if len(hyps) != len(refs) or len(hyps) > len(shared):
                     continue

@@ -166,13 +166,20 @@ def rotate(x: Tensor, table: Tensor) -> Tensor:
     r = 2 * table.shape[-1]
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
     head = work[..., :r] if r < x.shape[-1] else work
-    if head.storage_offset() % 2 or any(stride % 2 for stride in head.stride()[:-1]):
-        head = head.contiguous()  # a complex view needs even strides (odd head dims)
+    # a complex view needs even strides and offset (odd head dims); torch.compile cannot read
+    # them without breaking its graph, and a copy there is fused away
+    if torch.compiler.is_compiling() or _odd_layout(head):
+        head = head.contiguous()
     pairs = torch.view_as_complex(head.unflatten(-1, (-1, 2)))
     out = torch.view_as_real(pairs * table.to(pairs.dtype)).flatten(-2)
     if r < x.shape[-1]:
         out = torch.cat((out, work[..., r:]), dim=-1)
     return out.to(x.dtype)
+
+
+def _odd_layout(x: Tensor) -> bool:
+    """Whether ``x``'s storage offset or a stride other than the last is odd."""
+    return bool(x.storage_offset() % 2) or any(stride % 2 for stride in x.stride()[:-1])
 
 
 @dataclass
