@@ -1,0 +1,48 @@
+"""posenc's console commands (``[project.scripts]`` in pyproject.toml), each the same as its
+``python`` form, with the same arguments:
+
+* ``posenc-train [OVERRIDES]`` = ``python train.py [OVERRIDES]`` (``-m`` for a sweep);
+* ``posenc-evaluate run_dir=RUN [KEY=VALUE ...]`` = ``python -m posenc.evaluation ...``;
+* ``posenc-translate run_dir=RUN [input=FILE] ...`` = ``python -m posenc.translate ...``;
+* ``posenc-report SWEEP [--split ...]`` = ``python scripts/report.py ...``.
+
+They read ``configs/`` of the checkout posenc is installed from (``pip install -e .``).
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from posenc.config import CONFIG_DIR
+from posenc.job import hydra_job, objective, run
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+def train(cfg: DictConfig) -> float | None:
+    """Train and evaluate one run (a sweep's job under ``-m``); returns the sweep objective."""
+    run_dir, multirun = hydra_job()
+    run(cfg, run_dir, multirun)
+    return objective(cfg, run_dir)
+
+
+def evaluate() -> None:
+    """``posenc-evaluate``: :func:`posenc.evaluation.standalone.main` (imported when called, so
+    that training starts without the evaluation's and the report's imports)."""
+    from posenc.evaluation.standalone import main
+
+    main()
+
+
+def translate() -> None:
+    """``posenc-translate``: :func:`posenc.translate.main`."""
+    from posenc.translate import main
+
+    main()
+
+
+def report() -> None:
+    """``posenc-report``: :func:`posenc.analysis.report.build.main`."""
+    from posenc.analysis.report.build import main
+
+    main()
