@@ -18,6 +18,7 @@ from posenc.config import (
     TrainerConfig,
     check_types,
     flatten,
+    unknown_setting,
 )
 from posenc.model.encodings import SHARED_SETTINGS
 
@@ -60,8 +61,16 @@ def test_a_whole_config_is_checked_group_by_group_and_absent_keys_are_tolerated(
 
 def test_a_group_refuses_an_unknown_a_missing_or_a_bad_value_in_one_line():
     node = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / "cpu.yaml"))
-    with pytest.raises(ValueError, match=r"^model.d_modle is not a model setting; the settings"):
+    with pytest.raises(
+        ValueError,
+        match=r"^model.d_modle is not among the model settings; did you mean "
+        r"model.d_model\?$",
+    ):
         ModelConfig.of({**node, "d_modle": 64})
+    with pytest.raises(
+        ValueError, match=r"^model.zzz is not among the model settings; the settings are "
+    ):
+        ModelConfig.of({**node, "zzz": 64})
     with pytest.raises(ValueError, match=r"^model.d_ff is missing"):
         ModelConfig.of({k: v for k, v in node.items() if k != "d_ff"})
     with pytest.raises(ValueError, match=r"^model.dropout=1.5 must be a number in \[0, 1\)$"):
@@ -84,3 +93,14 @@ def test_the_trainer_budget_is_steps_or_seconds_whichever_comes_first():
 
 def test_flatten_joins_keys_with_dots_and_keeps_lists_and_empty_mappings():
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": {}}) == {"a.b": 1, "a.c": [1, 2], "d": {}}
+
+
+def test_an_override_of_no_typed_setting_is_named_with_the_closest_one():
+    assert unknown_setting("trainer.max_stepz") == (
+        "trainer.max_stepz is not among the trainer settings; did you mean trainer.max_steps?"
+    )
+    assert unknown_setting("+eval.beam_sise") == (
+        "eval.beam_sise is not among the eval settings; did you mean eval.beam_size?"
+    )
+    for known in ("trainer.max_steps", "eval.bertscore.model", "data.dir", "pe.base", "seed"):
+        assert unknown_setting(known) is None

@@ -1,5 +1,7 @@
-"""posenc's console commands (``[project.scripts]`` in pyproject.toml), each the same as its
-``python`` form, with the same arguments:
+"""The console commands: posenc-train, -evaluate, -translate and -report.
+
+Each is the same as its ``python`` form (``[project.scripts]`` in pyproject.toml), with the same
+arguments:
 
 * ``posenc-train [OVERRIDES]`` = ``python train.py [OVERRIDES]`` (``-m`` for a sweep);
 * ``posenc-evaluate run_dir=RUN [KEY=VALUE ...]`` = ``python -m posenc.evaluation ...``;
@@ -11,15 +13,29 @@ They read ``configs/`` of the checkout posenc is installed from (``pip install -
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
-from posenc.config import CONFIG_DIR
+from posenc.config import CONFIG_DIR, unknown_setting
 from posenc.job import hydra_job, objective, run
 
 
+def train() -> None:
+    """``posenc-train`` and ``python train.py``: an override of no setting of a typed group ends
+    it in one line naming the closest setting, before Hydra makes a run directory; then
+    :func:`train_job` under Hydra."""
+    for arg in sys.argv[1:]:
+        key, equals, _ = arg.partition("=")
+        problem = equals and not key.startswith("hydra") and unknown_setting(key)
+        if problem:
+            raise SystemExit(f"train: {problem}")
+    train_job()
+
+
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
-def train(cfg: DictConfig) -> float | None:
+def train_job(cfg: DictConfig) -> float | None:
     """Train and evaluate one run (a sweep's job under ``-m``); returns the sweep objective."""
     run_dir, multirun = hydra_job()
     run(cfg, run_dir, multirun)

@@ -53,6 +53,7 @@ PHASES = (
     "api",
     "analysis",
     "job",
+    "cli",
 )
 #: the longest summary the map shows (two of its lines); a longer first sentence fails a test
 MAX_SUMMARY = 120

@@ -23,6 +23,7 @@ quoted twice: in single quotes for Hydra and the whole override in double quotes
 
 from __future__ import annotations
 
+import difflib
 import math
 import shlex
 from collections.abc import Mapping
@@ -191,6 +192,23 @@ class ConfigGroup:
         return {cls.prefix() + f.name: f.metadata["setting"] for f in fields(cls)}
 
     @classmethod
+    def settings_names(cls) -> set[str]:
+        """The group's keys."""
+        return {f.name for f in fields(cls)}
+
+    @classmethod
+    def unknown(cls, name: str) -> str:
+        """One line for ``name``, no setting of the group: the closest setting, or all of them."""
+        known = sorted(cls.settings_names())
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = (
+            f"did you mean {cls.prefix()}{close[0]}?"
+            if close
+            else (f"the settings are {', '.join(known)}")
+        )
+        return f"{cls.prefix()}{name} is not among the {cls.GROUP} settings; {hint}"
+
+    @classmethod
     def of(cls, node: Mapping) -> Self:
         """The group as a checked, typed object from its config node (a DictConfig or a dict).
 
@@ -199,14 +217,11 @@ class ConfigGroup:
                 fit (with what it must be).
         """
         values = plain(node)
-        known = {f.name for f in fields(cls)}
+        known = cls.settings_names()
         prefix = cls.prefix()
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(
-                f"{prefix}{unknown[0]} is not a {cls.GROUP} setting; the settings are "
-                f"{', '.join(sorted(known))}"
-            )
+            raise ValueError(cls.unknown(unknown[0]))
         missing = [f.name for f in fields(cls) if f.name not in values and _required(f)]
         if missing:
             raise ValueError(f"{prefix}{missing[0]} is missing; set it in configs/{cls.GROUP}/")
@@ -427,6 +442,17 @@ def _lookup(cfg: Mapping, dotted: str) -> tuple[bool, Any]:
             return False, None
         node = node[part]
     return True, node
+
+
+def unknown_setting(key: str) -> str | None:
+    """One line when the dotted ``key`` of an override (Hydra's ``+``/``~`` prefixes removed)
+    names no setting of a typed group (model, trainer, eval, logger), with the closest one; None
+    for a known setting or an untyped group (data, pe, tokenizer)."""
+    group, _, rest = key.lstrip("+~").partition(".")
+    for cls in (ModelConfig, TrainerConfig, EvalConfig, LoggerConfig):
+        if group == cls.GROUP and rest and rest.split(".")[0] not in cls.settings_names():
+            return cls.unknown(rest.split(".")[0])
+    return None
 
 
 def check_types(cfg: Mapping) -> None:

@@ -26,7 +26,13 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from posenc.config import LoggerConfig, TrainerConfig, check_types, reported_settings
+from posenc.config import (
+    EvalConfig,
+    LoggerConfig,
+    TrainerConfig,
+    check_types,
+    reported_settings,
+)
 from posenc.data.batching import collate
 from posenc.data.pools import PooledBatcher
 from posenc.data.tokenizer import Tokenizer
@@ -78,6 +84,9 @@ def check_config(cfg: DictConfig) -> None:
     """Refuse wrong types and impossible settings before any data is read: check the types and
     ranges of :mod:`posenc.config`, then build a throw-away model and run it on three tokens."""
     check_types(OmegaConf.to_container(cfg, resolve=True))
+    TrainerConfig.of(cfg.trainer)  # unknown keys (+trainer.KEY=...), with the closest known one
+    EvalConfig.of(cfg.eval)
+    LoggerConfig.of(cfg.get("logger") or {})
     t = cfg.trainer
     if t.max_steps is None and t.max_time is None:
         raise ValueError("set a budget: trainer.max_steps and/or trainer.max_time (seconds)")

@@ -17,13 +17,11 @@
 Layout: the rotated dims are the first ``r = rotary_fraction * D`` of each head; pair ``i`` is
 the adjacent pair ``(2i, 2i+1)``, as in the paper; the other ``D - r`` dims pass through.
 
-Where it applies: encoder and decoder self-attention, keys rotated once at their own position
-before the decoder's cache (dynamic NTK's encoder rotates at attention time); the table
-``e^(i m theta)`` is computed once per forward in ``context`` and shared by every layer.
-Cross-attention stays plain unless ``cross_attention=rotated`` (queries at their target, keys at
-their source positions, x-transformers' ``context_pos``). The scalings' formulas, why dynamic
-NTK's cache works as it does, the pair layout against transformers' "rotate half" and why xPos
-has no cross-attention form: ``docs/encodings/rope.md``.
+Where it applies: self-attention, keys rotated once at their own position before the cache
+(dynamic NTK's encoder at attention time), the table ``e^(i m theta)`` made once per forward in
+``context``; cross-attention too with ``cross_attention=rotated`` (x-transformers'
+``context_pos``). Formulas, dynamic NTK's cache, the pair layout against "rotate half" and why
+xPos has no cross-attention form: ``docs/encodings/rope.md``.
 """
 
 from __future__ import annotations
@@ -166,20 +164,14 @@ def rotate(x: Tensor, table: Tensor) -> Tensor:
     r = 2 * table.shape[-1]
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
     head = work[..., :r] if r < x.shape[-1] else work
-    # a complex view needs even strides and offset (odd head dims); torch.compile cannot read
-    # them without breaking its graph, and a copy there is fused away
-    if torch.compiler.is_compiling() or _odd_layout(head):
-        head = head.contiguous()
+    compiling = torch.compiler.is_compiling()  # reading strides would break the graph
+    if compiling or head.storage_offset() % 2 or any(st % 2 for st in head.stride()[:-1]):
+        head = head.contiguous()  # a complex view needs even strides (odd head dims)
     pairs = torch.view_as_complex(head.unflatten(-1, (-1, 2)))
     out = torch.view_as_real(pairs * table.to(pairs.dtype)).flatten(-2)
     if r < x.shape[-1]:
         out = torch.cat((out, work[..., r:]), dim=-1)
     return out.to(x.dtype)
-
-
-def _odd_layout(x: Tensor) -> bool:
-    """Whether ``x``'s storage offset or a stride other than the last is odd."""
-    return bool(x.storage_offset() % 2) or any(stride % 2 for stride in x.stride()[:-1])
 
 
 @dataclass
