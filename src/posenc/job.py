@@ -29,6 +29,7 @@ from posenc.evaluation.evaluate import archive_evaluation, evaluate
 from posenc.evaluation.metrics import bleu_chrf
 from posenc.runtime import distributed
 from posenc.runtime.checkpoint import CheckpointError
+from posenc.runtime.console import label_console
 from posenc.runtime.device import resolve_device
 from posenc.runtime.files import LinkRefused, refuse_links_leaving
 from posenc.runtime.lock import RunLockedError, run_lock
@@ -189,6 +190,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
     torchrun the ranks train together and rank 0 returns the metrics (the others return None).
     """
     directory = RunDir(run_dir)
+    label_console(run_dir.name.split("@")[0] if multirun else None)
     try:
         return _run(cfg, directory, multirun)
     except TrainingInterrupted as stop:
