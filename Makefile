@@ -47,7 +47,7 @@ report: install  ## report of a sweep: make report SWEEP=outputs/sweeps/NAME
 bench: install  ## speed of every encoding and of the peers, with their targets (~15 min; outputs/bench)
 	$(PY) scripts/bench.py --device cpu --threads 2 --lengths 64,128 --repeats 9 --peers
 
-gpu-bundle: install  ## wheels and data the GPU machine lacks, into gpu_bundle/ (README: On a GPU)
+gpu-bundle: install  ## wheels and data the GPU machine lacks, into gpu_bundle/ (docs/GUIDE.md: On a GPU)
 	PYTHON=$(PY) bash scripts/gpu/build_bundle.sh
 
 gpu-aside:  ## before a call of the device tool: docs/ (over its 64 MiB) into the ignored outputs/gpu_aside/

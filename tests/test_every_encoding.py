@@ -126,7 +126,7 @@ def test_no_nan_or_inf_at_length_1024(name, overrides, dtype):
 @every_form
 def test_an_encoding_sees_source_order_exactly_when_it_says_so(name, overrides):
     """An encoding that claims position information translates a source and its reversal
-    differently; one that does not (nonepe, symmetric distance biases; declared in the README
+    differently; one that does not (nonepe, symmetric distance biases; declared in the guide
     table) gives the same logits. Parameters are perturbed so that learned tables that start at
     zero (CoPE) carry positions too."""
     model = tiny_model(name, **overrides).eval()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import PE_NAMES, ROOT
 
-from posenc.analysis.readme_sections import PHASES  # the phases in data-flow order
+from posenc.analysis.guide_sections import PHASES  # the phases in data-flow order
 
 SRC = ROOT / "src" / "posenc"
 MAX_LINES = 500

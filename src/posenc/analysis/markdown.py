@@ -1,4 +1,4 @@
-"""Generated sections of hand-written Markdown pages (the README's table, docs/METHODS.md)."""
+"""Generated sections of hand-written Markdown pages (the guide's tables, docs/METHODS.md)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ reversal task it reaches about 69% exact matches where ``symmetric`` reaches 37%
   (issue #5 of their repository; also data2vec 2.0 and Voicebox). It carries distance but not
   direction: the encoder is equivariant to reversing its input, and as cross-attention has no
   positions either, a source and its reversal give the same translation (kept as an option, for
-  comparison; the README table says it cannot see word order);
+  comparison; the guide's encodings table says it cannot see word order);
 * ``asymmetric``: different slopes before and after the query, ``-m_h (i - j)`` for keys at or
   before it and ``-m_(H-1-h) (j - i)`` for keys after it: each head pairs a slope with the
   mirror slope of the geometric sequence (its steepest-left head is its gentlest-right one), so

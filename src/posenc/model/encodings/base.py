@@ -233,7 +233,7 @@ class StackEncoding(EncodingModule):
         n_heads: attention heads ``H``.
         n_layers: layers in the stack.
 
-    ``applies_to`` and ``encoder_form`` are one-line statements shown in the README table:
+    ``applies_to`` and ``encoder_form`` are one-line statements shown in the guide's encodings table:
     where the encoding acts, and what the encoder (bidirectional) form is. ``sees_source_order``
     states whether the encoder tells a source from its reversal (the generic tests check it);
     an encoding whose encoder form is chosen by a setting sets the last two per instance.
@@ -289,7 +289,7 @@ class StackEncoding(EncodingModule):
             accepted = ", ".join(sorted(self.augment_modes)) or "none"
             raise ValueError(
                 f"pe={name}: pe.augment={augmentation.mode} would change nothing it computes "
-                f"(modes it accepts: {accepted}); the README's encodings table says which "
+                f"(modes it accepts: {accepted}); the guide's encodings table says which "
                 "encoding accepts which"
             )
         self.augmentation = augmentation
@@ -320,7 +320,7 @@ class StackEncoding(EncodingModule):
             raise ValueError(
                 f"pe={name}: pe.off_layers={layers} has nothing to switch off: this encoding adds "
                 "positions to the stack input, not per layer; use it with an encoding that acts "
-                "in attention (the README's table says where each acts)"
+                "in attention (the guide's encodings table says where each acts)"
             )
         for layer in layers:
             if isinstance(layer, bool) or not isinstance(layer, int):

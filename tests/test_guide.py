@@ -1,12 +1,12 @@
-"""The README stays true: its encodings table and its map of the source tree are the ones the
-code generates."""
+"""The guide (docs/GUIDE.md) stays true: its encodings table and its map of the source tree are
+the ones the code generates."""
 
 import re
 
 import pytest
 from conftest import ROOT
 
-from posenc.analysis.readme_sections import (
+from posenc.analysis.guide_sections import (
     MAX_SUMMARY,
     PHASES,
     encodings_table,
@@ -18,10 +18,10 @@ from posenc.analysis.readme_sections import (
 SRC = ROOT / "src" / "posenc"
 
 
-def test_the_readme_sections_match_the_code():
-    readme = (ROOT / "README.md").read_text()
+def test_the_guide_sections_match_the_code():
+    readme = (ROOT / "docs" / "GUIDE.md").read_text()
     assert readme == with_generated_sections(readme, ROOT), (
-        "run: python scripts/readme_sections.py --write"
+        "run: python scripts/guide_sections.py --write"
     )
 
 

@@ -1,4 +1,4 @@
-"""The README's generated sections: the table of encodings, from each encoding's own
+"""The guide's generated sections (docs/GUIDE.md): the table of encodings, from each encoding's own
 statements, and the map of the source tree, from each module's docstring."""
 
 from __future__ import annotations
