@@ -50,11 +50,13 @@ bench: install  ## speed of every encoding and of the peers, with their targets 
 gpu-bundle: install  ## wheels and data the GPU machine lacks, into gpu_bundle/ (docs/GUIDE.md: On a GPU)
 	PYTHON=$(PY) bash scripts/gpu/build_bundle.sh
 
-gpu-aside:  ## before a call of the device tool: docs/ (over its 64 MiB) into the ignored outputs/gpu_aside/
+# the two below are for a GPU machine that receives the working tree but no more than 64 MiB of it:
+# docs/ goes into the ignored outputs/gpu_aside/ before, and comes back after
+gpu-aside:
 	@test ! -e outputs/gpu_aside || { echo "outputs/gpu_aside exists: run 'make gpu-back' first"; exit 1; }
 	mkdir -p outputs && mv docs outputs/gpu_aside
 
-gpu-back:  ## after the call: docs/ back from outputs/gpu_aside/
+gpu-back:
 	@test ! -e docs || { echo "docs/ exists: nothing to bring back (outputs/gpu_aside kept)"; exit 1; }
 	mv outputs/gpu_aside docs
 

@@ -23,7 +23,6 @@ from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = Path("/work/.library/device/KINDS.md")  # the device tool's page, where it exists
 
 
 def _load_bundle():
@@ -60,13 +59,6 @@ def pyproject_needs() -> set[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     extras = project["optional-dependencies"]
     return needs(project["dependencies"] + [r for e in bundle.EXTRAS for r in extras[e]])
-
-
-def test_the_image_list_is_the_device_tools_list():
-    if not KINDS.is_file():
-        pytest.skip(f"{KINDS} is absent here")
-    text = KINDS.read_text(encoding="utf-8").split("Packages:")[-1].strip().rstrip(".")
-    assert {bundle.normalise(name.strip()) for name in text.split(",")} == IMAGE
 
 
 def test_every_dependency_the_image_lacks_is_carried_or_left_behind_with_a_reason():

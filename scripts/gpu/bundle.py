@@ -34,7 +34,7 @@ BUNDLE = ROOT / "gpu_bundle"
 IMAGE_LIST = Path(__file__).with_name("image_packages.txt")
 #: pyproject's extras whose packages the GPU runs need (the suite: dev; sweeps: launchers)
 EXTRAS = ("dev", "launchers")
-#: the device tool's limit on what travels: the working tree and the carried paths together
+#: the GPU machine's limit on what travels: the working tree and the carried paths together
 TRAVEL_LIMIT = 64 * 2**20
 #: tracked folders the GPU steps never read that are moved aside into the git-ignored ASIDE for
 #: the call: the study's archive in docs/ alone is over the limit (``make gpu-aside``, then

@@ -34,7 +34,7 @@
 # WORK on the still-warm machine resumes the runs up to a larger value); SCALING_SEED (default
 # 0); DEPTH_MAX_TIME (training seconds of each depth run, default 300) and DEPTH_SEEDS (default
 # 0, a sweep's list: 0,1); DEADLINE (seconds from the start by which every step has ended, default 580 on a GPU, where
-# the device tool stops a command at 600; 3600 on the CPU). On a GPU each run gets the machine's
+# a call to the GPU machine stops at 600; 3600 on the CPU). On a GPU each run gets the machine's
 # cores divided by the runs the step starts at once as torch threads (`threads`, not part of a
 # run's name).
 set -euo pipefail
@@ -248,7 +248,7 @@ depth() {  # experiment=depth (model=base) and DEPTH_VARIANTS, every run at once
 case "$STEP" in
   test)
     args=(-q -n "${TEST_WORKERS:-$([ $GPU = 1 ] && echo 8 || echo 2)}" -p no:cacheprovider)
-    if [ $GPU = 1 ]; then  # one call of the device tool: every failure, none hanging
+    if [ $GPU = 1 ]; then  # one call to the GPU machine: every failure, none hanging
       ! "$PYTHON" -c "import pytest_timeout" 2>/dev/null || args+=(--timeout=300)
     else
       args+=(-x)
@@ -281,7 +281,7 @@ case "$STEP" in
   seed_report) seed_report "$@" ;;
   scaling) scaling "$@" ;;
   depth) depth "$@" ;;
-  study)  # both at once, as one call of the device tool (15 minutes of device time)
+  study)  # both at once, as one call to the GPU machine (a loan is 15 minutes of it)
     seed_report "$@" &
     first=$!
     scaling "$@" || echo "scaling ended with status $?" | tee -a "$LOG"
