@@ -45,7 +45,12 @@ def test_a_standalone_evaluation_goes_to_its_own_directory_and_replaces_nothing(
     assert metrics["splits"]["test"]["use_cache"] is False
     assert (out / "hypotheses.test.txt").exists() and (out / "eval_config.yaml").exists()
     assert own_files(trained) == before
-    assert json.loads(capsys.readouterr().out)["test"]["use_cache"] is False
+    printed = capsys.readouterr().out.splitlines()  # one line a split, then where the rest is
+    test = metrics["splits"]["test"]
+    assert printed[0] == (
+        f"test: BLEU {test['bleu']:.2f}  chrF {test['chrf']:.2f}  ({test['sentences']} sentences)"
+    )
+    assert printed[-1] == f"metrics: {out / 'metrics.json'}"
 
     stamp = (out / "metrics.json").stat().st_mtime_ns
     evaluate_main([f"run_dir={trained}", "eval.use_cache=false"])  # the same evaluation again

@@ -17,7 +17,6 @@ another ensemble."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shutil
@@ -312,12 +311,11 @@ def _main(args: list[str]) -> None:
         else:
             metrics = evaluate_into(cfg, run_dir, out_dir, loaded, about)
             log.info("results in %s", out_dir)
-    print(
-        json.dumps(
-            {
-                s: {k: v for k, v in m.items() if k != "buckets"}
-                for s, m in metrics["splits"].items()
-            },
-            indent=2,
+    for split, scores in metrics["splits"].items():  # one line a split; the rest in the file
+        bertscore = scores.get("bertscore_f1")
+        print(
+            f"{split}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}"
+            + ("" if bertscore is None else f"  BERTScore-F1 {100 * bertscore:.2f}")
+            + f"  ({scores.get('sentences', '?')} sentences)"
         )
-    )
+    print(f"metrics: {out_dir / 'metrics.json'}")
