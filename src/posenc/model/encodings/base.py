@@ -233,10 +233,11 @@ class StackEncoding(EncodingModule):
         n_heads: attention heads ``H``.
         n_layers: layers in the stack.
 
-    ``applies_to`` and ``encoder_form`` are one-line statements shown in the guide's encodings table:
-    where the encoding acts, and what the encoder (bidirectional) form is. ``sees_source_order``
-    states whether the encoder tells a source from its reversal (the generic tests check it);
-    an encoding whose encoder form is chosen by a setting sets the last two per instance.
+    ``applies_to`` and ``encoder_form`` are one-line statements shown in the guide's encodings
+    table: where the encoding acts, and what the encoder (bidirectional) form is.
+    ``sees_source_order`` states whether the encoder tells a source from its reversal (the
+    generic tests check it); an encoding whose encoder form is chosen by a setting sets the last
+    two per instance.
     """
 
     applies_to: str = "nowhere (no position information)"
