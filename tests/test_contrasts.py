@@ -71,6 +71,20 @@ def test_holm_adjusts_every_row_and_metric_as_one_family(tmp_path):
     raw = {(i, m): c.p for i, r in enumerate(rows) for m, c in r.judgement.comparisons.items()}
     adjusted = holm(raw)
     assert all(r.judgement.p_holm[m] == adjusted[(i, m)] for (i, m) in raw for r in [rows[i]])
+    assert "Holm's method over the 6 tests above" in "\n".join(contrasts_markdown(rows, SAMPLES))
+
+
+def test_the_family_counts_only_what_is_tested(tmp_path):
+    """A row without two seeds a side or below the quality floor is no test, so the caption's
+    count and the correction leave it out."""
+    systems = {
+        "good": [entry(tmp_path, "good", s, 9) for s in (0, 1)],
+        "bad": [entry(tmp_path, "bad", s, 2) for s in (0, 1)],
+        "single": [entry(tmp_path, "single", 0, 5)],
+        "silent": [entry(tmp_path, "silent", s, 1) for s in (0, 1)],
+    }
+    rows = compared(systems, ("good", "bad"), ("good", "single"), ("good", "silent"))
+    assert "Holm's method over the 2 tests above" in "\n".join(contrasts_markdown(rows, SAMPLES))
 
 
 def test_one_seed_a_missing_system_and_the_quality_floor_are_no_findings(tmp_path):

@@ -34,6 +34,7 @@ from posenc.analysis.report.findings import (
     judge_family,
     judge_pair,
     power_cells,
+    tested_p,
 )
 from posenc.analysis.report.runs import (
     DONE,
@@ -235,6 +236,7 @@ def contrasts_markdown(rows: Sequence[Contrast], samples: int) -> list[str]:
         "[95% CI] | p BLEU | p chrF | seeds for 80% power (BLEU, chrF) | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    tests = len(tested_p([row.judgement for row in rows if row.judgement is not None]))
     for row in rows:
         judged = row.judgement
         if judged is None:
@@ -259,7 +261,8 @@ def contrasts_markdown(rows: Sequence[Contrast], samples: int) -> list[str]:
         "the spread between training seeds (paired where both have the same seeds, Welch "
         f"otherwise) and the spread over {samples} test sets resampled from this one, with the "
         "seeds' degrees of freedom (posenc.analysis.decision). p-values are adjusted with "
-        "Holm's method over every row, split and metric above at once. A row is a finding "
+        f"Holm's method over the {tests} tests above at once (one family: both metrics of "
+        "every row with two seeds a side above the quality floor). A row is a finding "
         "(`NAME ahead`) when BLEU and chrF are both significant and agree; both systems must "
         f"be above the quality floor (mean BLEU at least {NOISE_FLOOR_BLEU:g}, fewer than "
         f"{LOOP_CEILING:.0%} looping translations). Seeds for 80% power: the seeds per system "

@@ -148,17 +148,22 @@ def power_cells(judgement: Judgement) -> str:
     )
 
 
-def judge_family(judgements: Sequence[Judgement]) -> None:
-    """Correct every p-value of ``judgements`` (both metrics of every comparison above the
-    floor) at once with Holm's method, then set each one's seeds for power (at the family's
-    Bonferroni level) and verdict."""
-    tested = {
+def tested_p(judgements: Sequence[Judgement]) -> dict[tuple[int, str], float]:
+    """The family's tests: ``{(index, metric): p}`` for both metrics of every comparison above
+    the floor that has a p-value (two seeds a side at least)."""
+    return {
         (i, metric): c.p
         for i, j in enumerate(judgements)
         if not j.floor
         for metric, c in j.comparisons.items()
         if c.p is not None
     }
+
+
+def judge_family(judgements: Sequence[Judgement]) -> None:
+    """Correct every p-value of ``judgements`` (:func:`tested_p`) at once with Holm's method,
+    then set each one's seeds for power (at the family's Bonferroni level) and verdict."""
+    tested = tested_p(judgements)
     adjusted = holm(tested)
     for i, judgement in enumerate(judgements):
         judgement.p_holm = {m: adjusted.get((i, m)) for m in judgement.comparisons}

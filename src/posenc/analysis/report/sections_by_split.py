@@ -19,6 +19,7 @@ from posenc.analysis.report.findings import (
     judge_family,
     judge_pair,
     power_cells,
+    tested_p,
 )
 from posenc.analysis.report.render import SECTIONS, Table, Writer, fmt, fmt_stats, record_stats
 from posenc.analysis.report.runs import FAILED, Entry, Run
@@ -65,6 +66,10 @@ def split_sections(
     )
     ranges = score_limits(systems[split] for split in splits)
     tables = [section_scores(w, split, systems[split], styles, ranges) for split in splits]
+    cache = StatisticsCache()
+    judged = {split: significance_rows(systems[split], samples, cache) for split in splits}
+    family = [j for rows in judged.values() for _, j in rows[1:] if j is not None]
+    judge_family(family)
     w.heading(SECTIONS[3])
     w.text(
         "Each system against the best one by mean BLEU (the baseline), by the decision rule "
@@ -74,11 +79,9 @@ def split_sections(
         "seeds (paired where both have the same seeds, Welch otherwise) and the spread over "
         f"{samples} test sets resampled from this one, with the seeds' degrees of freedom. "
         "p-values are adjusted with Holm's method over every system, metric and split of this "
-        f"report at once (one family). {SEEDS_COLUMN}, as in the score tables."
+        f"report at once (one family: {len(tested_p(family))} tests, the comparisons with two "
+        f"seeds a side above the quality floor). {SEEDS_COLUMN}, as in the score tables."
     )
-    cache = StatisticsCache()
-    judged = {split: significance_rows(systems[split], samples, cache) for split in splits}
-    judge_family([j for rows in judged.values() for _, j in rows[1:] if j is not None])
     for split in splits:
         section_significance(w, split, systems[split], judged[split], styles)
     w.heading(SECTIONS[4])
