@@ -220,13 +220,13 @@ def sweep_jobs(*overrides: str) -> list[dict[str, str]]:
     return [dict(item.split("=", 1) for item in job) for job in jobs]
 
 
-@pytest.mark.parametrize("preset", ["demo_toy", "compare", "extrapolation"])
+@pytest.mark.parametrize("preset", ["compare", "extrapolation"])
 def test_presets_that_compare_every_encoding_sweep_every_config(preset):
     jobs = sweep_jobs(f"experiment={preset}")
     assert sorted({job["pe"] for job in jobs}) == PE_NAMES
 
 
-@pytest.mark.parametrize("preset", ["demo", "compare_long", "seed_report"])
+@pytest.mark.parametrize("preset", ["demo", "demo_toy", "compare_long", "seed_report"])
 def test_presets_with_a_subset_sweep_configured_encodings_with_the_reference(preset):
     swept = {job["pe"] for job in sweep_jobs(f"experiment={preset}")}
     assert swept <= set(PE_NAMES) and reference_encoding() in swept
