@@ -17,7 +17,9 @@ from posenc.analysis.report.curves import (
     trailing_mean,
 )
 from posenc.analysis.report.figures import (
+    MAX_PER_PANEL,
     limit_lines,
+    panel_groups,
     plot_buckets,
     plot_curves,
     plot_intervals,
@@ -99,6 +101,23 @@ def test_a_run_validated_once_shows_its_training_loss_curve(tmp_path):
     x, y = labelled(train)["enc (n=1)"]
     assert x.tolist() == steps.tolist() and y[-1] < y[0]  # the whole training curve
     assert "training loss" in train.get_ylabel()
+
+
+def test_more_than_eight_encodings_go_to_rows_of_at_most_eight_on_shared_axes(tmp_path):
+    """26 overlapping curves cannot be read: 19 encodings make three rows of 7, 6 and 6, in the
+    report's order, each row's two panels on the same axes as every other row's."""
+    names = [f"enc{i:02d}" for i in range(19)]
+    groups = [
+        Group(n, n, "", [run(n, 0, steps=curve([100, 200], [6 - i / 10, 5 - i / 10]))])
+        for i, n in enumerate(names)
+    ]
+    fig = plot_curves(Writer(tmp_path), groups, "steps", palette(names), "training step")
+    rows = [fig.axes[i : i + 2] for i in range(0, len(fig.axes), 2)]
+    drawn = [[label.split(" (n=")[0] for label in labelled(valid)] for valid, _ in rows]
+    assert drawn == [names[:7], names[7:13], names[13:]]
+    assert len({valid.get_ylim() for valid, _ in rows}) == 1  # one scale for every row
+    assert all(len(labelled(valid)) <= MAX_PER_PANEL for valid, _ in rows)
+    assert panel_groups(groups[:8]) == [groups[:8]]  # eight fit one row
 
 
 def test_the_training_loss_is_a_trailing_mean():

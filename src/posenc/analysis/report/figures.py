@@ -4,12 +4,14 @@ figure through the :class:`~.render.Writer` and returns it, so the data drawn ca
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from posenc.analysis.report.curves import aggregate_curves, smoothing_span, tails, trailing_mean
@@ -30,6 +32,8 @@ CURVE_PANELS = (
     ("", "validation loss (token NLL)"),
     ("train_", "training loss (objective, trailing mean)"),
 )
+#: the most encodings one learning-curve panel draws; more go to further rows
+MAX_PER_PANEL = 8
 #: the line styles of the length limits, in the order the configs name them
 LIMIT_STYLES = ("--", ":", "-.", (0, (5, 1)), (0, (1, 3)))
 
@@ -70,29 +74,51 @@ def _draw_group(ax: Any, label: str, curves: Sequence[Curve], style: dict[str, A
         )
 
 
+def panel_groups(groups: Sequence[Group], most: int = MAX_PER_PANEL) -> list[list[Group]]:
+    """``groups`` in order, cut into the fewest rows of at most ``most``, as even as they go."""
+    rows = max(1, math.ceil(len(groups) / most))
+    size, longer = divmod(len(groups), rows)  # the first ``longer`` rows take one more
+    cuts = np.cumsum([0] + [size + (row < longer) for row in range(rows)])
+    return [list(groups[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
 def plot_curves(
     w: Writer, groups: Sequence[Group], kind: str, styles: dict[str, Any], xlabel: str
 ) -> Figure:
     """``valid_loss_vs_KIND.png`` (``kind``: ``steps`` or ``time``): the validation loss (left)
-    and the training loss (right) of each encoding against ``kind`` (see :func:`_draw_group`).
-    The training loss is each run's trailing mean over one span for every run of the panel
-    (:func:`smoothing_span`), so a run that validated once still shows how it learned."""
-    fig, axes = new_figure(12, 4.5, 2)
-    for ax, (prefix, ylabel) in zip(axes, CURVE_PANELS, strict=True):
+    and the training loss (right) of each encoding against ``kind`` (see :func:`_draw_group`),
+    at most :data:`MAX_PER_PANEL` encodings a panel: more go to further rows in the report's
+    order, every row on the same axes. The training loss is each run's trailing mean over one
+    span for every run of the figure (:func:`smoothing_span`), so a run that validated once
+    still shows how it learned. Axes in row order: ``fig.axes[2 * row + column]``."""
+    rows = panel_groups(groups)
+    fig = Figure(figsize=(12, 4.5 if len(rows) == 1 else 3.4 * len(rows)), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.subplots(len(rows), 2, squeeze=False, sharex="col", sharey="col")
+    for column, (prefix, ylabel) in enumerate(CURVE_PANELS):
         key = prefix + kind
-        logged = [[r.curves[key] for r in group.runs if key in r.curves] for group in groups]
-        span = smoothing_span([curve for curves in logged for curve in curves])
-        for group, curves in zip(groups, logged, strict=True):
-            if prefix:
-                curves = [trailing_mean(c, span) for c in curves]
-            if curves:
-                _draw_group(ax, group.label, curves, styles.get(group.label, GREY))
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if not ax.lines:
-            ax.text(0.5, 0.5, "nothing logged", transform=ax.transAxes, ha="center")
-    outside_legend(fig, max(axes, key=lambda ax: len(ax.get_legend_handles_labels()[1])))
+        logged = {g.label: [r.curves[key] for r in g.runs if key in r.curves] for g in groups}
+        span = smoothing_span([curve for curves in logged.values() for curve in curves])
+        for row, chunk in enumerate(rows):
+            ax = grid[row][column]
+            for group in chunk:
+                curves = logged[group.label]
+                if prefix:
+                    curves = [trailing_mean(c, span) for c in curves]
+                if curves:
+                    _draw_group(ax, group.label, curves, styles.get(group.label, GREY))
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            if row == len(rows) - 1:
+                ax.set_xlabel(xlabel)
+            if not ax.lines:
+                ax.text(0.5, 0.5, "nothing logged", transform=ax.transAxes, ha="center")
+    if len(rows) == 1:
+        outside_legend(fig, max(grid[0], key=lambda ax: len(ax.get_legend_handles_labels()[1])))
+    else:
+        for row in grid:
+            labelled = max(row, key=lambda ax: len(ax.get_legend_handles_labels()[1]))
+            labelled.legend(fontsize=7, loc="upper right")
     w.figure(fig, f"valid_loss_vs_{kind}.png", f"validation and training loss vs {kind}")
     return fig
 
@@ -199,10 +225,12 @@ def plot_intervals(
         # the same rows in every panel: named once, on the left, leaving the others their width
         ax.set_yticks(range(len(names)), names if panel == 0 else [], fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlabel(f"{label}: system minus {baseline} (95% interval)")
+        ax.set_xlabel(f"{label}: system minus {baseline}", fontsize=8)
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(
-        f"{split}: differences from {baseline}, seeds and test sentences as noise", fontsize=9
+        f"{split}: each system minus the baseline, {baseline}, with its 95% interval (seeds and "
+        "test sentences as noise)",
+        fontsize=9,
     )
     w.figure(fig, f"intervals_{slug(split)}.png", f"differences from the baseline on {split}")
     return fig
