@@ -38,8 +38,9 @@ demo: install  ## the main job: two short sweeps, their reports and readings (RE
 	HF_HUB_OFFLINE=1 $(PY) train.py -m experiment=demo_toy
 	$(PY) scripts/report.py outputs/sweeps/demo --split tatoeba
 	$(PY) scripts/report.py outputs/sweeps/demo_toy
-	@echo "curves and HParams of both sweeps: $(VENV)/bin/tensorboard --logdir outputs/sweeps"
-	@echo "  (of one sweep: --logdir outputs/sweeps/demo)"
+	@echo "curves and HParams, one sweep at a time (the toy's BLEU and the news' share no scale):"
+	@echo "  $(VENV)/bin/tensorboard --logdir outputs/sweeps/demo       # part 1"
+	@echo "  $(VENV)/bin/tensorboard --logdir outputs/sweeps/demo_toy   # part 2"
 
 report: install  ## report of a sweep: make report SWEEP=outputs/sweeps/NAME
 	$(PY) scripts/report.py $(SWEEP)
