@@ -118,3 +118,17 @@ def test_torchrun_with_one_process_trains_over_nccl(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "process group up: 1 ranks (nccl)" in (run_dir / "train.log").read_text()
     assert json.loads((run_dir / "train_summary.json").read_text())["steps"] == 6
+
+
+def test_each_run_in_one_process_records_its_own_gpu_peak(tmp_path):
+    """Sweep workers are reused: a small run after a large one in the same process records the
+    small one's peak, not the large one's."""
+    peaks = {}
+    for name, width in (("large", "model.d_model=256"), ("small", "model.d_model=32")):
+        run_dir = tmp_path / name
+        run(
+            compose(*TRAIN, "device=cuda", width, "eval.enabled=false", "trainer.log_every=1"),
+            run_dir,
+        )
+        peaks[name] = json.loads((run_dir / "train_summary.json").read_text())["peak_memory_mb"]
+    assert 0 < peaks["small"] < peaks["large"]

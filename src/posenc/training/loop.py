@@ -226,6 +226,8 @@ def set_up(
     device = distributed.local_device(resolve_device(cfg.device))
     if device.type == "cpu":
         keep_freed_memory()
+    else:  # the run's own peak, not an earlier job's in a reused sweep worker
+        torch.cuda.reset_peak_memory_stats(device)
     tokenizer, data = prepare(cfg, run_dir)
     model = build_model(
         cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
