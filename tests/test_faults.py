@@ -327,18 +327,34 @@ def test_a_nan_loss_after_a_checkpoint_names_the_step_and_the_checkpoint(tmp_pat
 # --- settings --------------------------------------------------------------------------------
 
 
-def test_an_unknown_key_is_refused_by_hydra(tmp_path):
+@pytest.mark.parametrize("key", ["trainer.max_stepz", "+trainer.max_stepz"])
+def test_an_unknown_key_is_refused_in_one_line_with_the_closest_one(tmp_path, key):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *SMOKE, "trainer.max_stepz=5"],
+        [sys.executable, str(ROOT / "train.py"), *SMOKE, f"{key}=5"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 1
-    assert "Could not override 'trainer.max_stepz'" in result.stderr
-    assert "Key 'max_stepz' is not in struct" in result.stderr
+    assert result.stderr == (
+        "train: trainer.max_stepz is not among the trainer settings; "
+        "did you mean trainer.max_steps?\n"
+    )
     assert not (tmp_path / "outputs").exists()  # stopped before any run directory
+
+
+def test_an_unknown_key_of_an_untyped_group_is_refused_by_hydra(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *SMOKE, "data.dirr=x"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1
+    assert "Could not override 'data.dirr'" in result.stderr
+    assert not (tmp_path / "outputs").exists()
 
 
 def refused(tmp_path: Path, *overrides: str) -> str:

@@ -191,8 +191,11 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
     """
     directory = RunDir(run_dir)
     label_console(run_dir.name.split("@")[0] if multirun else None)
+    completed = False  # a rank that fails leaves the process group without waiting for others
     try:
-        return _run(cfg, directory, multirun)
+        metrics = _run(cfg, directory, multirun)
+        completed = True
+        return metrics
     except TrainingInterrupted as stop:
         log.error("%s", stop)
         sys.exit(stop.exit_code)
@@ -204,7 +207,7 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
         sys.exit(130)
     finally:
         directory.close()
-        distributed.teardown()
+        distributed.teardown(wait=completed)
 
 
 def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | None:

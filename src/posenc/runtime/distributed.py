@@ -82,10 +82,18 @@ def setup(device: torch.device) -> bool:
     return True
 
 
-def teardown() -> None:
-    """Leave the process group that :func:`setup` created (no-op otherwise)."""
+def teardown(wait: bool = True) -> None:
+    """Leave the process group that :func:`setup` created (no-op otherwise), all ranks together
+    when ``wait`` (gloo's threads of a rank that leaves while another still talks to it can
+    abort the process at exit: "terminate called without an active exception"); a rank that
+    failed passes ``wait=False`` and leaves at once."""
     global _owned
     if _owned and is_distributed():
+        if wait:
+            try:
+                dist.barrier()
+            except RuntimeError as err:  # a rank is gone: leave without it
+                log.warning("leaving the process group without the other ranks: %s", err)
         dist.destroy_process_group()
     _owned = False
 
