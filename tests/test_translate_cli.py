@@ -119,9 +119,25 @@ def test_help_lists_the_arguments_and_the_settings_with_their_defaults_and_exits
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: python -m {command} run_dir=PATH")
-    for line in ("  run_dir=  the trained run", "  eval.beam_size=1", "  eval.splits=[all]"):
-        assert line in done.stdout
+    for line in ("  run_dir=  the trained run", "  eval.beam_size=1\n      1 = greedy decoding"):
+        assert line in done.stdout  # each setting with what it does, from configs/eval's comments
+    # translate reads its input: what selects and scores test splits is not its to set
+    assert ("  eval.splits=[all]" in done.stdout) == (command == "posenc.evaluation")
     assert f"Example:\n  python -m {command} run_dir=" in done.stdout
+
+
+def test_help_with_a_run_shows_the_runs_own_values(tmp_path):
+    (tmp_path / "config.yaml").write_text("eval:\n  beam_size: 4\n  lenpen: 0.6\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "posenc.translate", f"run_dir={tmp_path}", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "(this run's values)" in done.stdout
+    assert "  eval.beam_size=4\n" in done.stdout and "  eval.lenpen=0.6\n" in done.stdout
+    assert "  eval.use_cache=true\n" in done.stdout  # not in its config: the default
 
 
 def test_the_python_api_loads_a_run_and_translates_as_the_command_does(trained, tmp_path):

@@ -64,6 +64,14 @@ COMMAND = Command(
     "eval.beam_size=5 nbest=3",
     values={"nbest": Setting("int", low=1)},
     repeatable=("run_dir",),
+    ignores=(  # what scores and selects test splits: translate reads its input
+        "eval.enabled",
+        "eval.splits",
+        "eval.max_sentences",
+        "eval.length_buckets",
+        "eval.bertscore",
+        "eval.pe_variants",
+    ),
 )
 
 #: what :meth:`str.splitlines` reads as the end of a line: a translation (byte-level BPE may

@@ -92,6 +92,8 @@ class Command:
     example: str
     values: dict[str, Setting] = field(default_factory=dict)
     repeatable: tuple[str, ...] = ()
+    ignores: tuple[str, ...] = ()
+    """settings (or their prefixes, ``eval.bertscore``) the command has no use for: not listed"""
 
     @property
     def usage(self) -> str:
@@ -103,16 +105,28 @@ class Command:
                 parts.append(f"[{k}={kind} ...]")
         return f"usage: python -m {self.name} {' '.join(parts)} [KEY=VALUE ...]"
 
-    def help(self) -> str:
+    def help(self, run_config: dict[str, Any] | None = None) -> str:
         """The text ``--help`` prints: usage, what it does, its own arguments, every setting of
-        the run's config it may override with its default, and an example."""
+        the run's config it may override (those it :attr:`ignores` left out) with what it does
+        and its value: the run's (``run_config``, flattened) when given, else configs/'s
+        default; and an example."""
         lines = [self.usage, "", *textwrap.wrap(self.summary, 96), "", "Arguments:"]
         for k, what in self.own.items():
             lines += textwrap.wrap(
                 what, 96, initial_indent=f"  {k}=  ", subsequent_indent=" " * (len(k) + 5)
             )
-        lines += ["", "Overrides of the run's saved config (the defaults of configs/):"]
-        lines += [f"  {key}={as_override(v)}" for key, v in overridable_defaults().items()]
+        whose = "this run's values" if run_config else "configs/'s defaults; run_dir= shows a run's"
+        lines += ["", f"Overrides of the run's saved config ({whose}):"]
+        described = setting_descriptions()
+        for key, default in overridable_defaults().items():
+            if any(key == i or key.startswith(i + ".") for i in self.ignores):
+                continue
+            value = run_config.get(key, default) if run_config else default
+            lines.append(f"  {key}={as_override(value)}")
+            if key in described:
+                lines += textwrap.wrap(
+                    described[key], 96, initial_indent=" " * 6, subsequent_indent=" " * 6
+                )
         lines += ["", "Example:", f"  {self.example}"]
         return "\n".join(lines)
 
@@ -127,7 +141,7 @@ class Command:
                 required one missing, a value its :class:`Setting` refuses.
         """
         if any(arg in ("-h", "--help") for arg in args):
-            print(self.help())
+            print(self.help(_saved_config(args)))
             raise SystemExit(0)
         known = [*self.own, *top_level_settings()]
         paths: dict[str, Path] = {}
@@ -203,3 +217,37 @@ def overridable_defaults() -> dict[str, Any]:
     evaluation = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "eval" / "default.yaml"))
     flat = {f"eval.{k}": v for k, v in flatten(evaluation).items()}
     return {**flat, "device": train.device, "threads": train.threads}
+
+
+def _saved_config(args: list[str]) -> dict[str, Any] | None:
+    """The flattened ``config.yaml`` of the first ``run_dir=`` in ``args``, when it reads (an
+    untrusted file: any fault gives None, and the help shows configs/'s defaults)."""
+    run_dir = next((a.partition("=")[2] for a in args if a.startswith("run_dir=")), None)
+    if not run_dir:
+        return None
+    try:
+        saved = yaml.safe_load((Path(run_dir).expanduser() / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+    return flatten(saved) if isinstance(saved, dict) else None
+
+
+def setting_descriptions() -> dict[str, str]:
+    """``{"eval.KEY": what it does}`` from the comments of ``configs/eval/default.yaml`` (the
+    text after ``#`` on a key's line and the indented comment lines below it)."""
+    described: dict[str, str] = {}
+    parents: list[tuple[int, str]] = []
+    last = None
+    for line in (CONFIG_DIR / "eval" / "default.yaml").read_text().splitlines():
+        body, _, comment = line.partition("#")
+        if not body.strip():
+            if last and comment.strip():
+                described[last] += " " + comment.strip()
+            continue
+        indent = len(body) - len(body.lstrip())
+        key = body.strip().partition(":")[0]
+        parents = [(i, k) for i, k in parents if i < indent]
+        last = ".".join(["eval", *(k for _, k in parents), key])
+        parents.append((indent, key))
+        described[last] = comment.strip()
+    return {k: v for k, v in described.items() if v}
