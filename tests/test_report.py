@@ -17,7 +17,7 @@ from conftest import ROOT, SMOKE, compose
 from omegaconf import OmegaConf
 
 from posenc.analysis.report.benchtime import add_bench_curves, read_bench
-from posenc.analysis.report.build import build_report, main, scores_summary
+from posenc.analysis.report.build import build_report, main, scores_summary, shown
 from posenc.analysis.report.curves import (
     kendall_tau,
     means_at_equal_steps,
@@ -656,3 +656,14 @@ def test_scores_outside_their_range_mark_the_run_failed(sweep, tmp_path):
     assert run_.status == "failed" and "splits.test.bleu is 1e+308, not a number from 0 to 100" in (
         run_.message
     )
+
+
+def test_the_report_names_paths_as_a_reader_types_them(tmp_path, monkeypatch):
+    """Relative to the working directory, or from ~, never this machine's layout where a
+    relative path serves."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert shown(tmp_path / "work" / "outputs" / "sweeps" / "demo") == "outputs/sweeps/demo"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert shown(tmp_path / "home" / "runs") == "~/runs"
+    assert shown(Path("/elsewhere/sweep")) == "/elsewhere/sweep"

@@ -66,9 +66,19 @@ def refresh_hparams(sweep: Path) -> str:
     if written is None:
         return "No run has an HParams session for TensorBoard yet (runs log one when evaluated)."
     return (
-        f"TensorBoard: `tensorboard --logdir {sweep}`; its HParams tab compares every evaluated "
-        f"run (the sweep's experiment summary is `{written.name}/`)."
+        f"TensorBoard: `tensorboard --logdir {shown(sweep)}`; its HParams tab compares every "
+        f"evaluated run (the sweep's experiment summary is `{written.name}/`)."
     )
+
+
+def shown(path: Path) -> str:
+    """``path`` as a reader types it: relative to the working directory where it lies inside
+    it, from ``~`` where it lies in the home directory, else whole (no machine's layout
+    is printed where a relative path serves)."""
+    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
+        if path.is_relative_to(base) and path != base:
+            return prefix + str(path.relative_to(base))
+    return str(path)
 
 
 def build_report(
@@ -142,8 +152,9 @@ def build_report(
     w = Writer(out)
     w.heading(f"Sweep report: {sweep.name}", 1)
     w.text(
-        f"Sweep `{sweep}`; focus split `{focus}`; splits: {', '.join(splits) or 'none yet'}. "
-        "Every number of the tables is also in `report.csv`. " + refresh_hparams(sweep)
+        f"Sweep `{shown(sweep)}`; focus split `{focus}`; "
+        f"splits: {', '.join(splits) or 'none yet'}. Every number of the tables is also in "
+        "`report.csv`. " + refresh_hparams(sweep)
     )
     top = len(w.blocks)
     section_runs(w, runs, groups, focus)
