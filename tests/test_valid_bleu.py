@@ -12,6 +12,7 @@ import pytest
 import sacrebleu
 import torch
 from conftest import SMOKE, compose
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_run_control import scalars
 
 from posenc.data.corpora import validation_split
@@ -20,7 +21,7 @@ from posenc.job import run
 from posenc.model.factory import build_model
 from posenc.runtime import checkpoint
 from posenc.training.loop import train
-from posenc.training.validation import SUBSET_SEED, valid_subset
+from posenc.training.validation import EXAMPLES, SUBSET_SEED, valid_subset
 
 OVERRIDES = (*SMOKE, "pe=nonepe", "eval.enabled=false", "trainer.valid_every=10")
 
@@ -102,3 +103,18 @@ def test_bad_settings_are_refused_in_one_line_before_training(tmp_path, override
         train(cfg, tmp_path / "run", scorer=(lambda *a: {"bleu": 0, "chrf": 0}) if scorer else None)
     assert "\n" not in str(error.value)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_each_validation_shows_a_few_translations_in_tensorboards_text_tab(tmp_path):
+    """As fairseq users log them: the subset's first pairs, source, reference and the model's
+    translation at that step."""
+    run_dir = tmp_path / "run"
+    run(compose(*OVERRIDES, "trainer.valid_bleu=8", "trainer.max_steps=20"), run_dir)
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"tensors": 0})
+    acc.Reload()
+    events = acc.Tensors("valid/examples/text_summary")
+    assert [e.step for e in events] == [10, 20]
+    table = events[-1].tensor_proto.string_val[0].decode()
+    lines = table.splitlines()
+    assert lines[0] == "source | reference | translation" and len(lines) == 2 + EXAMPLES
+    assert all(line.count(" | ") == 2 for line in lines[2:])

@@ -296,7 +296,8 @@ def validation_scorer(cfg: DictConfig) -> Scorer:
     def score(model, tokenizer, sources: list[list[int]], references: list[str]) -> dict:
         device = next(model.parameters()).device
         ids, _ = translate(model, tokenizer, sources, settings, device)
-        return bleu_chrf(tokenizer.decode_batch(ids), references)
+        hypotheses = tokenizer.decode_batch(ids)
+        return bleu_chrf(hypotheses, references) | {"hypotheses": hypotheses}
 
     return score
 

@@ -35,9 +35,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("posenc.training.loop")
 
-Scorer = Callable[[Seq2Seq, Tokenizer, list[list[int]], list[str]], dict[str, float]]
-"""``(model, tokenizer, source ids, reference texts) -> {"bleu", "chrf", ...}``: greedy decoding
-of the sources, detokenised and scored against the references."""
+Scorer = Callable[[Seq2Seq, Tokenizer, list[list[int]], list[str]], dict]
+"""``(model, tokenizer, source ids, reference texts) -> {"bleu", "chrf", ..., "hypotheses"}``:
+greedy decoding of the sources, detokenised (``hypotheses``, one a source, may be absent) and
+scored against the references."""
+
+EXAMPLES = 3
+"""How many of the subset's pairs each validation shows in TensorBoard's Text tab."""
 
 SUBSET_SEED = 0
 """The seed of the validation subset: one subset for every run of a data set."""
@@ -72,16 +76,35 @@ class ValidBleu:
         keep = valid_subset(len(sources), size)
         return cls(scorer, [sources[i] for i in keep], [references[i] for i in keep])
 
-    def __call__(self, model: Seq2Seq, tokenizer: Tokenizer) -> dict[str, float]:
-        """``{"bleu", "chrf", "seconds"}`` of the model's greedy translations of the subset."""
+    def __call__(self, model: Seq2Seq, tokenizer: Tokenizer) -> tuple[dict[str, float], str]:
+        """``{"bleu", "chrf", "seconds"}`` of the model's greedy translations of the subset, and
+        its first :data:`EXAMPLES` pairs with their translations as a markdown table (empty
+        when the scorer gives no translations)."""
         started = time.perf_counter()
         with torch.no_grad():
             scores = self.scorer(model, tokenizer, self.sources, self.references)
-        return {
-            "bleu": float(scores["bleu"]),
-            "chrf": float(scores["chrf"]),
-            "seconds": time.perf_counter() - started,
-        }
+        seconds = time.perf_counter() - started
+        hypotheses = scores.get("hypotheses") or []
+        shown = range(min(EXAMPLES, len(hypotheses)))
+        rows = [
+            " | ".join(
+                _cell(t)
+                for t in (
+                    tokenizer.decode_batch([self.sources[i]])[0],
+                    self.references[i],
+                    hypotheses[i],
+                )
+            )
+            for i in shown
+        ]
+        table = "\n".join(["source | reference | translation", "--- | --- | ---", *rows])
+        scored = {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}
+        return scored | {"seconds": seconds}, table if rows else ""
+
+
+def _cell(text: str) -> str:
+    """``text`` as one markdown table cell: its pipes escaped, its line breaks spaces."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def check_best_metric(trainer: TrainerConfig, scorer: Scorer | None) -> None:
@@ -143,7 +166,7 @@ def validate(run: Training) -> None:
         raise TrainingError(advice.nan_validation(loss, state.step, run.run_dir.checkpoints))
     metric = run.trainer.best_metric
     if run.logger is not None:
-        scores = run.valid_bleu(run.model, run.tokenizer) if run.valid_bleu else {}
+        scores, examples = run.valid_bleu(run.model, run.tokenizer) if run.valid_bleu else ({}, "")
         bleu = scores.get("bleu")
         best = improved(metric, loss, state.best_valid_loss, bleu, state.best_valid_bleu)
         state.best_step = state.step if best else state.best_step
@@ -158,6 +181,8 @@ def validate(run: Training) -> None:
         if scores:
             run.logger.scalars(state.step, {"valid/bleu": bleu, "valid/chrf": scores["chrf"]})
             run.logger.against_time("valid_bleu", bleu, state.train_seconds)
+        if examples:  # TensorBoard's Text tab, as fairseq users log a few translations
+            run.logger.writer.add_text("valid/examples", examples, state.step)
         validate_ema(run)
         run.logger.writer.flush()
         save(run, best)
