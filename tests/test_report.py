@@ -100,7 +100,7 @@ def metrics_of(sweep: Path, name: str) -> dict:
 
 
 def section(markdown: str, number: int) -> str:
-    """The text of section ``number`` (1-7) of the report."""
+    """The text of section ``number`` (1-8) of the report."""
     start = markdown.index(f"\n## {SECTIONS[number - 1]}\n")
     end = markdown.find("\n## ", start + 1)
     return markdown[start : end if end > 0 else None]
@@ -328,8 +328,10 @@ def test_the_command_line_prints_the_focus_scores_the_reading_and_the_path(sweep
 
 
 def test_the_shared_setup_is_read_from_the_runs_one_line_per_config_group(report, sweep):
+    """It is the last section: a wall of settings comes after the figures, not before."""
     _, markdown, _ = report
-    setup = section(markdown, 1).split("### Shared setup", 1)[1].split("<details>", 1)[0]
+    assert markdown.index(f"## {SECTIONS[7]}") > markdown.index(f"## {SECTIONS[1]}")
+    setup = section(markdown, 8).split("<details>", 1)[0].split("\n", 2)[2]
     lines = {line.split("**")[1]: line for line in setup.strip().splitlines()}
     config = OmegaConf.load(sweep / "pe=rope" / "config.yaml")
     assert f"d_model={config.model.d_model}" in lines["model"]

@@ -28,6 +28,7 @@ from posenc.analysis.report.sections_by_encoding import (
     section_cost,
     section_curves,
     section_runs,
+    section_setup,
 )
 from posenc.analysis.report.sections_by_split import split_sections
 from posenc.analysis.report.stats import system_order
@@ -164,6 +165,7 @@ def build_report(
     if times is not None:
         section_bench_cost(w, groups, reference, times, bench.name)
     section_attention(w, groups)
+    section_setup(w, runs)
     summary = reading(w.rows, splits)
     w.insert(top, Heading("Reading"), Text([summary]))
     write_text(out / "reading.txt", summary + "\n")

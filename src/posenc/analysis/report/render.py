@@ -31,6 +31,7 @@ SECTIONS = (
     "5. Length buckets",
     "6. Cost",
     "7. Attention maps",
+    "8. Shared setup",
 )
 #: the columns of ``report.csv``
 CSV_COLUMNS = ("section", "split", "encoding", "run", "metric", "value")

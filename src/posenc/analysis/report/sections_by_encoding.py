@@ -40,7 +40,8 @@ TOP_LEVEL = "run"
 
 
 def section_runs(w: Writer, runs: Sequence[Run], groups: Sequence[Group], focus: str) -> None:
-    """Every run with its status, the shared setup and the settings that differ."""
+    """Every run with its status, the code and hardware, and the settings that differ (the
+    shared setup is the report's last section, :func:`section_setup`, after the figures)."""
     w.heading(SECTIONS[0])
     counts = Counter(r.status for r in runs)
     w.text(
@@ -88,7 +89,6 @@ def section_runs(w: Writer, runs: Sequence[Run], groups: Sequence[Group], focus:
     w.text(machine_line(runs))
     configured = [r for r in runs if r.config]
     if configured:
-        setup_lines(w, configured)
         differing_lines(w, configured, groups)
 
 
@@ -152,10 +152,13 @@ def setup_groups(shared: dict[str, Any]) -> dict[str, list[str]]:
     return groups
 
 
-def setup_lines(w: Writer, runs: Sequence[Run]) -> None:
+def section_setup(w: Writer, runs: Sequence[Run]) -> None:
     """The setup the runs share, one line per config group (``- **model**: d_model=128, ...``),
     then every shared setting in a ``<details>`` block."""
-    w.heading("Shared setup", 3)
+    runs = [r for r in runs if r.config]
+    if not runs:
+        return
+    w.heading(SECTIONS[7])
     shared = shared_settings(runs)
     w.text(*[f"- **{g}**: " + ", ".join(items) for g, items in setup_groups(shared).items()])
     w.details("All shared settings", *[f"- `{k}`: {v}" for k, v in sorted(shared.items())])
