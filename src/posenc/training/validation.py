@@ -84,18 +84,11 @@ class ValidBleu:
         with torch.no_grad():
             scores = self.scorer(model, tokenizer, self.sources, self.references)
         seconds = time.perf_counter() - started
-        hypotheses = scores.get("hypotheses") or []
-        shown = range(min(EXAMPLES, len(hypotheses)))
+        hypotheses = (scores.get("hypotheses") or [])[:EXAMPLES]
+        sources = tokenizer.decode_batch(self.sources[: len(hypotheses)])
         rows = [
-            " | ".join(
-                _cell(t)
-                for t in (
-                    tokenizer.decode_batch([self.sources[i]])[0],
-                    self.references[i],
-                    hypotheses[i],
-                )
-            )
-            for i in shown
+            " | ".join(map(_cell, texts))
+            for texts in zip(sources, self.references, hypotheses, strict=False)
         ]
         table = "\n".join(["source | reference | translation", "--- | --- | ---", *rows])
         scored = {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}
