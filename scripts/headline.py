@@ -1,4 +1,6 @@
-"""The study's headline table and figure: each system against a baseline, by split and depth.
+"""The study's headline tables and figures: each system against a baseline, by split and depth,
+on BLEU, chrF and validation loss, and what became of each verdict from the first depth to the
+second.
 
 Usage: ``python scripts/headline.py --sweep "1+1 layers=outputs/sweeps/compare" --sweep
 "3+3 layers=outputs/sweeps/scaling" --systems sinpe,rpe,rope [--baseline NAME] --splits
@@ -12,7 +14,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from posenc.analysis.headline import headline, headline_table, plot_headline
+from posenc.analysis.headline import (
+    depth_changes,
+    headline,
+    headline_table,
+    loss_headline,
+    loss_table,
+    plot_headline,
+    plot_loss_headline,
+)
 from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.runs import ReportError, group_runs, load_run, split_entries
 from posenc.config import reference_encoding
@@ -34,7 +44,7 @@ def main() -> int:
     splits = args.splits.split(",")
     systems = [s for s in args.systems.split(",") if s]
     with tempfile.TemporaryDirectory() as scratch:  # the clean splits' files, while read
-        sweeps = {}
+        sweeps, losses = {}, {}
         for item in args.sweep:
             label, _, folder = item.partition("=")
             path = Path(folder)
@@ -42,6 +52,14 @@ def main() -> int:
             if not runs:
                 sys.exit(f"headline: no run under {path}")
             groups = group_runs(runs)
+            losses[label] = {
+                g.label: {
+                    r.seed: float(r.train["best_valid_loss"])
+                    for r in g.runs
+                    if r.train.get("best_valid_loss") is not None
+                }
+                for g in groups
+            }
             bases = [s.removesuffix(SUFFIX) for s in splits if s.endswith(SUFFIX)]
             clean = clean_entries(groups, bases, Path(scratch) / label)
             sweeps[label] = {
@@ -52,6 +70,7 @@ def main() -> int:
             cells = headline(sweeps, systems, args.baseline, args.bootstrap)
         except ReportError as err:
             sys.exit(f"headline: {err}")
+    loss_cells = loss_headline(losses, systems, args.baseline)
     args.out.mkdir(parents=True, exist_ok=True)
     lines = ["# Headline: each system against " + args.baseline, ""]
     for metric in ("bleu", "chrf"):
@@ -63,6 +82,29 @@ def main() -> int:
             *headline_table(cells, metric, args.baseline),
             "",
             f"![{metric}]({name})",
+            "",
+        ]
+    plot_loss_headline(loss_cells, args.baseline, args.out / "headline_loss.png")
+    lines += [
+        "## validation loss",
+        "",
+        *loss_table(loss_cells, args.baseline),
+        "",
+        "![validation loss](headline_loss.png)",
+        "",
+    ]
+    depths = list(sweeps)
+    for shallow, deep in zip(depths, depths[1:], strict=False):
+        lines += [
+            f"## From {shallow} to {deep}",
+            "",
+            *depth_changes(cells, loss_cells, shallow, deep),
+            "",
+            "Each row: the verdict against "
+            f"{args.baseline} at each depth (BLEU and chrF together on a split) and what became "
+            "of it: holds, reverses, appears (a finding only deeper), not found (a finding only "
+            "shallower, the deeper tested), neither, or untested (a side with one seed, missing "
+            "or below the quality floor).",
             "",
         ]
     write_text(args.out / "headline.md", "\n".join(lines))

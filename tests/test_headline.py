@@ -6,8 +6,18 @@ from __future__ import annotations
 import pytest
 from conftest import scored_entry as entry
 
-from posenc.analysis.headline import MAX_SYSTEMS, headline, headline_table, plot_headline
-from posenc.analysis.report.findings import ONE_SEED
+from posenc.analysis.headline import (
+    MAX_SYSTEMS,
+    change,
+    depth_changes,
+    headline,
+    headline_table,
+    loss_headline,
+    loss_table,
+    plot_headline,
+    plot_loss_headline,
+)
+from posenc.analysis.report.findings import NOISE, ONE_SEED, UNINFORMATIVE
 
 
 def sweep(tmp_path, depth: str, systems: dict[str, int], seeds=(0, 1, 2)) -> dict:
@@ -42,3 +52,59 @@ def test_a_figure_holds_at_most_eight_systems(tmp_path):
     cells = headline(sweeps, [f"s{i}" for i in range(MAX_SYSTEMS + 1)], "nonepe", samples=10)
     with pytest.raises(ValueError, match="draw at most 8 a figure"):
         plot_headline(cells, "bleu", "nonepe", tmp_path / "h.png")
+
+
+def test_validation_loss_is_judged_over_the_seeds_lower_being_ahead():
+    losses = {
+        "1 layer": {
+            "nonepe": {0: 5.00, 1: 5.02, 2: 4.98},
+            "rope": {0: 4.50, 1: 4.51, 2: 4.49},  # 0.5 nats lower on every seed
+            "t5": {0: 5.01, 1: 4.97, 2: 5.03},  # the same within its seeds
+        },
+        "3 layers": {"nonepe": {0: 4.0}, "rope": {0: 3.6}},
+    }
+    cells = loss_headline(losses, ["rope", "t5"], "nonepe")
+    at = {(c.depth, c.system): c.verdict() for c in cells}
+    assert at["1 layer", "rope"] == "ahead"
+    assert at["1 layer", "t5"] == NOISE
+    assert at["3 layers", "rope"] == ONE_SEED
+    assert at["3 layers", "t5"] == "-"
+    table = "\n".join(loss_table(cells, "nonepe"))
+    assert "| rope | -0.500 [" in table and "ahead" in table
+
+
+@pytest.mark.parametrize(
+    ("shallow", "deep", "expected"),
+    [
+        ("ahead", "ahead", "holds"),
+        ("behind", "behind", "holds"),
+        ("ahead", "behind", "reverses"),
+        (NOISE, "ahead", "appears"),
+        ("ahead", NOISE, "not found"),
+        ("ahead", "only chrF significant", "not found"),
+        (NOISE, NOISE, "neither"),
+        ("ahead", ONE_SEED, "untested"),
+        (UNINFORMATIVE, "ahead", "untested"),
+        ("-", NOISE, "untested"),
+    ],
+)
+def test_what_becomes_of_a_verdict_from_one_depth_to_the_next(shallow, deep, expected):
+    assert change(shallow, deep) == expected
+
+
+def test_the_depth_table_has_a_row_per_system_and_measure(tmp_path):
+    sweeps = {
+        "1 layer": sweep(tmp_path, "one", {"nonepe": 2, "rope": 9}),
+        "3 layers": sweep(tmp_path, "three", {"nonepe": 2, "rope": 9}),
+    }
+    cells = headline(sweeps, ["rope"], "nonepe", samples=200)
+    losses = loss_headline(
+        {d: {"nonepe": {0: 5.0, 1: 5.1, 2: 5.0}, "rope": {0: 4.0, 1: 4.1, 2: 4.0}} for d in sweeps},
+        ["rope"],
+        "nonepe",
+    )
+    table = depth_changes(cells, losses, "1 layer", "3 layers")
+    assert table[0] == "| system | measured on | 1 layer | 3 layers | at 3 layers |"
+    assert "| rope | validation loss | ahead | ahead | holds |" in table
+    assert "| rope | test | ahead | ahead | holds |" in table
+    assert plot_loss_headline(losses, "nonepe", tmp_path / "loss.png").stat().st_size > 0

@@ -14,7 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from posenc.analysis.decision import ALPHA, Comparison, compare_scores, holm
 from posenc.analysis.report.findings import (
+    NOISE,
+    ONE_SEED,
+    UNINFORMATIVE,
     WORSE,
     Judgement,
     StatisticsCache,
@@ -29,10 +33,17 @@ MAX_SYSTEMS = 8
 #: each depth's marker, in the order the sweeps are given
 MARKERS = ("o", "s", "D", "^", "v")
 #: how the metrics are spelled on the axes
-LABELS = {"bleu": "BLEU", "chrf": "chrF"}
+LABELS = {"bleu": "BLEU", "chrf": "chrF", "loss": "validation loss"}
 
 Systems = Mapping[str, Sequence[Entry]]
 """A split's systems: name -> entries (one per run)."""
+Losses = Mapping[str, Mapping[int, float]]
+"""A sweep's validation losses: system -> {training seed: best validation loss}."""
+
+#: a finding against the baseline, by the direction of the difference
+FINDINGS = ("ahead", "behind")
+#: verdicts of a comparison that was not tested
+UNTESTED = ("-", ONE_SEED, UNINFORMATIVE)
 
 
 @dataclass
@@ -54,6 +65,29 @@ class Cell:
         return "ahead" if self.judgement.first_leads else "behind"
 
 
+@dataclass
+class LossCell:
+    """One system at one depth: its best validation loss minus the baseline's over the seeds
+    (:func:`~posenc.analysis.decision.compare_scores`, the seeds the only noise: one
+    validation set, no resampled sentences); None when either side is missing. ``p_holm``
+    after :func:`loss_headline`'s correction."""
+
+    depth: str
+    system: str
+    comparison: Comparison | None
+    p_holm: float | None = None
+
+    def verdict(self) -> str:
+        """``ahead`` (lower loss) or ``behind`` for a finding, else why not."""
+        if self.comparison is None:
+            return "-"
+        if self.comparison.p is None:
+            return ONE_SEED
+        if self.p_holm is None or self.p_holm >= ALPHA:
+            return NOISE
+        return "ahead" if self.comparison.difference < 0 else "behind"
+
+
 def headline(
     sweeps: Mapping[str, Mapping[str, Systems]],
     systems: Sequence[str],
@@ -73,6 +107,65 @@ def headline(
                 cells.append(Cell(depth, split, system, judgement))
     judge_family([c.judgement for c in cells if c.judgement is not None])
     return cells
+
+
+def loss_headline(
+    losses: Mapping[str, Losses], systems: Sequence[str], baseline: str
+) -> list[LossCell]:
+    """Every system of ``systems`` against ``baseline`` on validation loss in every sweep
+    (``depth label -> losses``), the tested cells one family under Holm's correction."""
+    cells = []
+    for depth, found in losses.items():
+        for system in systems:
+            comparison = None
+            if found.get(system) and found.get(baseline):
+                comparison = compare_scores(found[system], found[baseline])
+            cells.append(LossCell(depth, system, comparison))
+    tested = {
+        i: c.comparison.p
+        for i, c in enumerate(cells)
+        if c.comparison is not None and c.comparison.p is not None
+    }
+    for i, p in holm(tested).items():
+        cells[i].p_holm = p
+    return cells
+
+
+def depth_changes(
+    cells: Sequence[Cell], losses: Sequence[LossCell], shallow: str, deep: str
+) -> list[str]:
+    """Markdown: for each system, on validation loss and on each split (BLEU and chrF
+    together), its verdict against the baseline at ``shallow`` and at ``deep`` and what
+    became of it (:func:`change`)."""
+    rows = [(c.system, "validation loss", c.depth, c.verdict()) for c in losses]
+    rows += [(c.system, c.split, c.depth, c.verdict()) for c in cells]
+    at = {(system, where, depth): v for system, where, depth, v in rows}
+    lines = [
+        f"| system | measured on | {shallow} | {deep} | at {deep} |",
+        "|---|---|---|---|---|",
+    ]
+    for system, where in dict.fromkeys((system, where) for system, where, _, _ in rows):
+        before, after = (at.get((system, where, d), "-") for d in (shallow, deep))
+        lines.append(f"| {system} | {where} | {before} | {after} | {change(before, after)} |")
+    return lines
+
+
+def change(shallow: str, deep: str) -> str:
+    """What became of a verdict against the baseline from the shallower model to the deeper:
+    ``holds`` (the same finding), ``reverses`` (findings of opposite directions), ``appears``
+    (a finding only deeper), ``not found`` (a finding only shallower, the deeper tested),
+    ``neither`` (tested at both, found at neither), else ``untested`` (a side without a test:
+    one seed, missing or below the quality floor)."""
+    tested = {shallow: shallow not in UNTESTED, deep: deep not in UNTESTED}
+    if shallow in FINDINGS and deep in FINDINGS:
+        return "holds" if shallow == deep else "reverses"
+    if not (tested[shallow] and tested[deep]):
+        return "untested"
+    if deep in FINDINGS:
+        return "appears"
+    if shallow in FINDINGS:
+        return "not found"
+    return "neither"
 
 
 def headline_table(cells: Sequence[Cell], metric: str, baseline: str) -> list[str]:
@@ -105,51 +198,121 @@ def headline_table(cells: Sequence[Cell], metric: str, baseline: str) -> list[st
     return lines
 
 
+def loss_table(cells: Sequence[LossCell], baseline: str) -> list[str]:
+    """Markdown: one row per system, one column per depth: the difference from ``baseline`` in
+    best validation loss (nats) with its interval and the verdict."""
+    depths = list(dict.fromkeys(c.depth for c in cells))
+    at = {(c.depth, c.system): c for c in cells}
+    lines = ["| system | " + " | ".join(depths) + " |", "|---|" + "---|" * len(depths)]
+    for system in dict.fromkeys(c.system for c in cells):
+        row = []
+        for depth in depths:
+            cell = at.get((depth, system))
+            if cell is None or cell.comparison is None:
+                row.append("-")
+                continue
+            row.append(f"{cell.comparison.text(3)} {cell.verdict()}")
+        lines.append(f"| {system} | " + " | ".join(row) + " |")
+    lines += [
+        "",
+        f"Each cell: the system's best validation loss (nats, mean over its seeds) minus "
+        f"{baseline}'s, its 95% interval (the seeds as noise) and the verdict (ahead: lower "
+        "loss), the cells one family under Holm's correction.",
+    ]
+    return lines
+
+
+@dataclass
+class _Point:
+    """One marker of a small-multiples figure."""
+
+    panel: str
+    system: str
+    depth: str
+    comparison: Comparison
+    finding: bool
+
+
 def plot_headline(cells: Sequence[Cell], metric: str, baseline: str, path: Path) -> Path:
-    """The small multiples of :func:`headline_table` for ``metric`` saved as ``path`` (PNG).
+    """The small multiples of :func:`headline_table` for ``metric`` saved as ``path`` (PNG):
+    one panel per split.
 
     Raises:
         ValueError: more than :data:`MAX_SYSTEMS` systems (draw them in several figures).
     """
-    splits = list(dict.fromkeys(c.split for c in cells))
+    points = [
+        _Point(c.split, c.system, c.depth, c.judgement.comparisons[metric], c.verdict() in FINDINGS)
+        for c in cells
+        if c.judgement is not None
+    ]
+    xlabel = f"{LABELS.get(metric, metric)} minus {baseline}"
+    return _plot(points, cells, xlabel, (baseline, "seeds and sentences as noise"), path)
+
+
+def plot_loss_headline(cells: Sequence[LossCell], baseline: str, path: Path) -> Path:
+    """:func:`loss_table` drawn as one panel saved as ``path`` (PNG).
+
+    Raises:
+        ValueError: more than :data:`MAX_SYSTEMS` systems.
+    """
+    points = [
+        _Point(LABELS["loss"], c.system, c.depth, c.comparison, c.verdict() in FINDINGS)
+        for c in cells
+        if c.comparison is not None
+    ]
+    xlabel = f"validation loss minus {baseline} (nats)"
+    return _plot(points, cells, xlabel, (baseline, "seeds as noise"), path)
+
+
+def _plot(
+    points: Sequence[_Point],
+    cells: Sequence[Cell] | Sequence[LossCell],
+    xlabel: str,
+    against: tuple[str, str],
+    path: Path,
+) -> Path:
+    """Small multiples of ``points``: a panel per ``panel``, the systems and depths of
+    ``cells`` down the side (missing ones left empty), one marker per depth; ``against``: the
+    baseline and the noise, for the title."""
+    panels = list(dict.fromkeys(getattr(c, "split", LABELS["loss"]) for c in cells))
     depths = list(dict.fromkeys(c.depth for c in cells))
     systems = list(dict.fromkeys(c.system for c in cells))
     if len(systems) > MAX_SYSTEMS:
         raise ValueError(
             f"{len(systems)} systems in one figure; draw at most {MAX_SYSTEMS} a figure"
         )
-    width = max(7.0, 3.2 * len(splits) + 1.5)
-    fig, axes = new_figure(width, 1.2 + 0.4 * len(systems), len(splits))
+    width = max(7.0, 3.2 * len(panels) + 1.5)
+    fig, axes = new_figure(width, 1.2 + 0.4 * len(systems), len(panels))
     offsets = {d: (i - (len(depths) - 1) / 2) * 0.18 for i, d in enumerate(depths)}
-    for panel, (ax, split) in enumerate(zip(axes, splits, strict=True)):
-        for cell in cells:
-            if cell.split != split or cell.judgement is None:
+    labelled: set[str] = set()
+    for index, (ax, panel) in enumerate(zip(axes, panels, strict=True)):
+        for point in points:
+            if point.panel != panel:
                 continue
-            c = cell.judgement.comparisons[metric]
-            y = systems.index(cell.system) + offsets[cell.depth]
-            marker = MARKERS[depths.index(cell.depth) % len(MARKERS)]
-            filled = cell.verdict() in ("ahead", "behind")
+            c = point.comparison
+            colour = depths.index(point.depth)
             xerr = None if c.low is None else [[c.difference - c.low], [c.high - c.difference]]
             ax.errorbar(
                 c.difference,
-                y,
+                systems.index(point.system) + offsets[point.depth],
                 xerr=xerr,
-                fmt=marker,
-                color=f"C{depths.index(cell.depth)}",
-                mfc=None if filled else "white",
+                fmt=MARKERS[colour % len(MARKERS)],
+                color=f"C{colour}",
+                mfc=None if point.finding else "white",
                 capsize=2,
-                label=cell.depth if panel == 0 and cell.system == systems[0] else None,
+                label=None if point.depth in labelled else point.depth,
             )
+            labelled.add(point.depth)
         ax.axvline(0.0, color="black", linewidth=0.8)
-        ax.set_yticks(range(len(systems)), systems if panel == 0 else [], fontsize=7)
+        ax.set_yticks(range(len(systems)), systems if index == 0 else [], fontsize=7)
         ax.invert_yaxis()
-        ax.set_title(split, fontsize=9)
-        ax.set_xlabel(f"{LABELS.get(metric, metric)} minus {baseline}")
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel(xlabel)
         ax.grid(axis="x", alpha=0.3)
-    if depths:
+    if labelled:
         fig.legend(fontsize=7, loc="outside lower center", ncols=len(depths))
     fig.suptitle(
-        f"Against {baseline}: 95% intervals (seeds and sentences as noise); filled: a finding",
+        f"Against {against[0]}: 95% intervals ({against[1]}); filled: a finding",
         fontsize=9,
     )
     fig.savefig(path, dpi=110)
