@@ -349,6 +349,7 @@ SUMMARY = Fields(
         "validations_since_best": INT,
         "parameters": INT,
         "peak_memory_mb": NUMBER,
+        "own_memory_mb": NUMBER,
         "device": STR,
         "processes": INT,
         "train_pairs": INT,

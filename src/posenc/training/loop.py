@@ -44,6 +44,7 @@ from posenc.runtime.device import (
     keep_freed_memory,
     machine,
     memory_mb,
+    release_freed_memory,
     resolve_device,
     seed_everything,
 )
@@ -128,6 +129,7 @@ class Training:
     valid_bleu: ValidBleu | None = None  # trainer.valid_bleu's subset and scorer
     window: StepWindow = field(default_factory=StepWindow)
     skipped_in_a_row: int = 0  # batches skipped in a row since the last step (nan_policy=skip)
+    memory_base_mb: float = 0.0  # memory held once the data was loaded (own_memory_mb's zero)
     ema: WeightEMA | None = None  # trainer.ema_decay's EMA of the weights (rank 0 only)
 
     def budget_spent(self) -> bool:
@@ -229,6 +231,7 @@ def set_up(
     else:  # the run's own peak, not an earlier job's in a reused sweep worker
         torch.cuda.reset_peak_memory_stats(device)
     tokenizer, data = prepare(cfg, run_dir)
+    memory_base_mb = release_freed_memory(device)
     model = build_model(
         cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
     ).to(device)
@@ -311,6 +314,7 @@ def set_up(
         progress=progress,
         world=world,
         saved_step=state.step,
+        memory_base_mb=memory_base_mb,
         valid_bleu=ValidBleu.of(scorer, data.valid_src, data.valid_refs, trainer.valid_bleu)
         if scorer is not None and trainer.valid_bleu
         else None,
@@ -382,7 +386,9 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
             ):
                 loss, nll, _ = token_loss(run.trained, batch, pad_id, trainer.label_smoothing)
             if state.step % trainer.log_every == 0:  # activations are alive: near the peak
-                state.peak_memory_mb = max(state.peak_memory_mb, memory_mb(device))
+                now = memory_mb(device)
+                state.peak_memory_mb = max(state.peak_memory_mb, now)
+                state.own_memory_mb = max(state.own_memory_mb, now - run.memory_base_mb)
             (loss * run.world / n_tokens).backward()
         loss_sum += float(loss.detach())
         nll_sum += float(nll.detach())
@@ -468,6 +474,7 @@ def finish(run: Training) -> dict[str, Any]:
         "validations_since_best": state.validations_since_best,
         "parameters": count_parameters(run.model),
         "peak_memory_mb": round(state.peak_memory_mb, 1),
+        "own_memory_mb": round(state.own_memory_mb, 1),
         "device": str(run.device),
         "processes": run.world,
         "train_pairs": run.batcher.pairs,

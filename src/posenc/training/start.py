@@ -138,6 +138,9 @@ class TrainState:
     best_valid_loss: float = math.inf
     skipped_batches: int = 0
     peak_memory_mb: float = 0.0
+    # the most memory the run itself held: on CPU the resident set above its base once its data
+    # was loaded (runtime.device.release_freed_memory), on CUDA the allocator's peak
+    own_memory_mb: float = 0.0
     finished: bool = False
     validations_since_best: int = 0  # validations in a row that did not improve on the best
     stopped_early: bool = False  # trainer.patience ended the run

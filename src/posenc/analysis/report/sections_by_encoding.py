@@ -345,9 +345,12 @@ def section_cost(w: Writer, groups: Sequence[Group], focus: str, reference: str)
     if any(r.train.get("device") == "cpu" for g in groups for r in g.runs):
         notes.append(
             "On CPU, peak memory is the largest resident set of the training process sampled "
-            "while a batch's activations are alive; it includes the corpus and everything else "
-            "the process holds, so only large differences mean something. Speeds are only "
-            "comparable between runs that shared the machine in the same way."
+            "while a batch's activations are alive: it includes the corpus, the libraries and, "
+            "in a sweep worker that ran an earlier job, what that job left. Own memory is the "
+            "same sample above the process's resident set once the run's data was loaded and "
+            "freed memory returned (model, optimizer, batches and activations): compare "
+            "encodings by it. Speeds are only comparable between runs that shared the machine "
+            "in the same way."
         )
     if not any(g.pe == reference for g in groups):
         notes.append(f"No `{reference}` run: the relative columns are empty.")

@@ -196,6 +196,7 @@ def limit_on_axis(value: float, unit: str) -> float | None:
 #: the cost metrics: CSV name -> column label (``{focus}`` is the focus split)
 COST_METRICS = {
     "train_tokens_per_s": "train tokens/s",
+    "own_memory_mb": "own memory MB",
     "peak_memory_mb": "peak memory MB",
     "decode_tokens_per_s": "decode tokens/s ({focus})",
     "parameters": "parameters",
@@ -204,11 +205,12 @@ COST_METRICS = {
 
 
 def cost_values(group: Group, focus: str) -> dict[str, Stats | None]:
-    """Per metric of :data:`COST_METRICS`, the mean over seeds of training speed, peak memory,
-    decoding speed on ``focus``, parameters and training time."""
+    """Per metric of :data:`COST_METRICS`, the mean over seeds of training speed, own and peak
+    memory, decoding speed on ``focus``, parameters and training time."""
     runs = group.runs
     return {
         "train_tokens_per_s": mean_std(r.train.get("train_tokens_per_s") for r in runs),
+        "own_memory_mb": mean_std(r.train.get("own_memory_mb") for r in runs),
         "peak_memory_mb": mean_std(r.train.get("peak_memory_mb") for r in runs),
         "decode_tokens_per_s": mean_std(
             r.metrics.get("splits", {}).get(focus, {}).get("decode_tokens_per_s") for r in runs
