@@ -56,6 +56,11 @@ _KINDS = {
     "string_value": api_pb2.DATA_TYPE_STRING,
 }
 
+#: settings left out of a sweep's experiment while every run has the same value: TensorBoard's
+#: HParams tab shows five columns by default, the differing settings and then the constant ones
+#: by name, which would be these (implied by the encoding's name, or about the data's files,
+#: tokenization, evaluation and logging rather than the model); one that differs is kept
+HIDDEN_WHEN_CONSTANT = ("pe._target_", "data.", "tokenizer.", "eval.", "logger.")
 #: a setting's value as the HParams tab holds it
 HParam = bool | int | float | str
 
@@ -177,16 +182,20 @@ def hparam_info(name: str, values: Sequence[struct_pb2.Value]) -> api_pb2.HParam
 
 
 def experiment(sessions: Sequence[Session], description: str = "") -> api_pb2.Experiment:
-    """The experiment of ``sessions``: every setting any of them has (:func:`hparam_info`) and
-    every ``hparam/*`` metric, by name; created when the last session started."""
+    """The experiment of ``sessions``: every setting any of them has (:func:`hparam_info`) but
+    the constant ones of :data:`HIDDEN_WHEN_CONSTANT`, and every ``hparam/*`` metric, by name;
+    created when the last session started."""
     names = sorted({name for s in sessions for name in s.hparams})
     tags = sorted({tag for s in sessions for tag in s.metrics})
+    infos = [
+        hparam_info(name, [s.hparams[name] for s in sessions if name in s.hparams])
+        for name in names
+    ]
     return api_pb2.Experiment(
         description=description,
         time_created_secs=max((s.start for s in sessions), default=0.0),
         hparam_infos=[
-            hparam_info(name, [s.hparams[name] for s in sessions if name in s.hparams])
-            for name in names
+            info for info in infos if info.differs or not info.name.startswith(HIDDEN_WHEN_CONSTANT)
         ],
         metric_infos=[
             api_pb2.MetricInfo(
