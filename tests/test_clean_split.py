@@ -4,13 +4,16 @@ that share no side with their training pairs; runs whose set does not leak enter
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from conftest import sentences, write_pair
+from omegaconf import OmegaConf
 
+from posenc.analysis.report.build import build_report
 from posenc.analysis.report.clean import clean_entries
-from posenc.analysis.report.runs import DONE, Group, Run
+from posenc.analysis.report.runs import DONE, Group, ReportError, Run
 from posenc.config import flatten
 from posenc.data.corpora import load_corpora
 from posenc.evaluation.metrics import bleu_chrf
@@ -82,3 +85,34 @@ def test_a_set_held_out_under_the_rule_is_clean_whole(tmp_path, twins):
     (entry,) = found["inside-clean"]["rope"]
     assert entry.scores == run.metrics["splits"]["inside"]
     assert entry.references == tmp_path / "new" / "references.inside.txt"
+
+
+def sweep_of(tmp_path: Path, data: dict, seeds=(0, 1)) -> Path:
+    """A sweep folder of rope runs (one per seed) scored on ``inside`` as
+    :func:`finished_run`'s, their settings in ``config.yaml`` as a run writes them."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    for seed in seeds:
+        run = finished_run(sweep, data, f"pe=rope,seed={seed}")
+        settings = {"pe": {"name": "rope"}, "seed": seed, "data": data}
+        OmegaConf.save(OmegaConf.create(settings), run.path / "config.yaml")
+        scores = {**run.metrics["splits"]["inside"], "loss": 1.0, "sentences": SIZE}
+        (run.path / "metrics.json").write_text(
+            json.dumps({"pe": "rope", "step": 4, "splits": {"inside": scores}})
+        )
+    return sweep
+
+
+def test_the_report_focuses_on_a_clean_part_it_scored_again(tmp_path, twins):
+    sweep = sweep_of(tmp_path, data_node(twins))
+    report = build_report(sweep, focus="inside-clean", samples=20)
+    markdown = report.path.read_text()
+    assert "focus split `inside-clean`; splits: inside-clean, inside." in markdown
+
+
+def test_the_report_refuses_a_clean_focus_where_no_set_leaks(tmp_path, twins):
+    sweep = sweep_of(tmp_path, data_node(twins, holdout_drops=["source", "target"]))
+    with pytest.raises(ReportError, match="split 'inside-clean' has no clean part"):
+        build_report(sweep, focus="inside-clean", samples=20)
+    markdown = build_report(sweep, focus="inside", samples=20).path.read_text()
+    assert "splits: inside." in markdown  # a clean part equal to its split is not repeated
