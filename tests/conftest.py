@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from posenc.analysis.report.runs import Entry, Run
 from posenc.config import ModelConfig
-from posenc.evaluation.metrics import bleu_chrf
+from posenc.evaluation.metrics import corpus_scores
 from posenc.model.encodings import encoding_factory
 from posenc.model.seq2seq import Seq2Seq
 
@@ -160,5 +160,5 @@ def scored_entry(
     (folder / "ref.txt").write_text("\n".join(SCORED_REFERENCES) + "\n")
     run = Run(folder.name, folder, {"pe.name": system, "seed": seed})
     return Entry(
-        system, run, bleu_chrf(hyps, SCORED_REFERENCES), folder / "hyp.txt", folder / "ref.txt"
+        system, run, corpus_scores(hyps, SCORED_REFERENCES), folder / "hyp.txt", folder / "ref.txt"
     )

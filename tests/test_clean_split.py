@@ -16,7 +16,7 @@ from posenc.analysis.report.clean import clean_entries
 from posenc.analysis.report.runs import DONE, Group, ReportError, Run
 from posenc.config import flatten
 from posenc.data.corpora import load_corpora
-from posenc.evaluation.metrics import bleu_chrf
+from posenc.evaluation.metrics import corpus_scores
 
 SIZE = 20
 
@@ -49,7 +49,7 @@ def finished_run(tmp_path: Path, data: dict, name: str) -> Run:
     (folder / "hypotheses.inside.txt").write_text("\n".join(hyps) + "\n")
     (folder / "references.inside.txt").write_text("\n".join(held_out.tgt) + "\n")
     config = {"pe.name": "rope", "seed": 0, **flatten({"data": data})}
-    metrics = {"splits": {"inside": bleu_chrf(hyps, held_out.tgt)}}
+    metrics = {"splits": {"inside": corpus_scores(hyps, held_out.tgt)}}
     return Run(name, folder, config, status=DONE, metrics=metrics, label="rope")
 
 
@@ -74,7 +74,8 @@ def test_a_leaking_set_is_scored_again_on_the_pairs_that_share_nothing_with_trai
     assert 0 < len(kept) < SIZE and entry.scores["sentences"] == len(kept)
     assert set(kept) <= held_targets
     assert (
-        entry.scores["bleu"] == bleu_chrf(entry.hypotheses.read_text().splitlines(), kept)["bleu"]
+        entry.scores["bleu"]
+        == corpus_scores(entry.hypotheses.read_text().splitlines(), kept)["bleu"]
     )
 
 

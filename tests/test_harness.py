@@ -12,7 +12,7 @@ from conftest import PE_NAMES, ROOT, SMOKE, compose
 from omegaconf import open_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from posenc.evaluation.metrics import bleu_chrf
+from posenc.evaluation.metrics import corpus_scores
 from posenc.job import run
 from posenc.training import loop as train_module
 from posenc.training import validation as validation_module
@@ -46,7 +46,7 @@ def test_every_encoding_trains_decodes_and_scores(pe, tmp_path):
 
 def test_a_perfect_hypothesis_scores_bleu_100():
     refs = ["The cat sat on the mat.", "A second, longer sentence follows here."]
-    scores = bleu_chrf(refs, refs)
+    scores = corpus_scores(refs, refs)
     assert scores["bleu"] == pytest.approx(100.0) and scores["chrf"] == pytest.approx(100.0)
     assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
 

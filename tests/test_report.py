@@ -39,7 +39,7 @@ from posenc.analysis.report.sections_by_encoding import setup_groups
 from posenc.analysis.report.sections_by_split import SEEDS_COLUMN
 from posenc.analysis.report.stats import bucket_position, length_limits, mean_std
 from posenc.config import LENGTH_LIMITS, reference_encoding
-from posenc.evaluation.metrics import bleu_chrf
+from posenc.evaluation.metrics import corpus_scores
 from posenc.job import run
 from posenc.runtime.hparams import EXPERIMENT_DIR
 from posenc.runtime.sinks import CsvSink
@@ -267,7 +267,7 @@ def test_significance_judges_each_system_against_the_best_by_the_decision_rule(s
         hyps = [r if pe == "nonepe" or (i + seed) % 2 else "x y" for i, r in enumerate(refs)]
         (copy / name / "hypotheses.test.txt").write_text("\n".join(hyps) + "\n")
         metrics = metrics_of(copy, name)
-        metrics["splits"]["test"].update(bleu_chrf(hyps, refs))
+        metrics["splits"]["test"].update(corpus_scores(hyps, refs))
         (copy / name / "metrics.json").write_text(json.dumps(metrics))
     build_report(copy, samples=200)
     markdown = (copy / "report" / "report.md").read_text()

@@ -23,10 +23,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from posenc.config import TrainerConfig, paste, reported_settings
 from posenc.config.identity import differences, evaluation_identity, training_identity
+from posenc.config.metrics import METRICS, VALIDATION_METRICS
 from posenc.data.corpus import DataError
 from posenc.evaluation.decode import DecodeSettings, translate
 from posenc.evaluation.evaluate import archive_evaluation, evaluate
-from posenc.evaluation.metrics import bleu_chrf
+from posenc.evaluation.metrics import corpus_scores
 from posenc.runtime import distributed
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.console import label_console
@@ -290,14 +291,16 @@ def _archive_other_evaluation(cfg: DictConfig, run_dir: RunDir, saved: DictConfi
 
 def validation_scorer(cfg: DictConfig) -> Scorer:
     """Training's validation BLEU (``trainer.valid_bleu``) as evaluation computes BLEU: greedy
-    decoding with the run's ``eval`` decoding settings, detokenised, sacreBLEU BLEU and chrF."""
+    decoding with the run's ``eval`` decoding settings, detokenised, the sacreBLEU metrics of
+    :data:`~posenc.config.metrics.VALIDATION_METRICS`."""
     settings = dataclasses.replace(DecodeSettings.of(cfg), beam_size=1, progress=False)
 
     def score(model, tokenizer, sources: list[list[int]], references: list[str]) -> dict:
         device = next(model.parameters()).device
         ids, _ = translate(model, tokenizer, sources, settings, device)
         hypotheses = tokenizer.decode_batch(ids)
-        return bleu_chrf(hypotheses, references) | {"hypotheses": hypotheses}
+        scores = corpus_scores(hypotheses, references, VALIDATION_METRICS)
+        return scores | {"hypotheses": hypotheses}
 
     return score
 
@@ -344,11 +347,9 @@ def _log_hparams(cfg: DictConfig, run_dir: RunDir, metrics: dict[str, Any]) -> N
 
     train_info = metrics.get("train", {})
     values = {"hparam/valid_loss": train_info.get("best_valid_loss")}
-    for split, m in metrics["splits"].items():
-        values[f"hparam/{split}_bleu"] = m["bleu"]
-        values[f"hparam/{split}_chrf"] = m["chrf"]
-        if m.get("bertscore_f1") is not None:
-            values[f"hparam/{split}_bertscore_f1"] = m["bertscore_f1"]
+    for split, scores in metrics["splits"].items():
+        for metric in METRICS:
+            values[f"hparam/{split}_{metric.name}"] = scores.get(metric.name)
     values = {k: float(v) for k, v in values.items() if v is not None}
     step = metrics["step"]
     run_dir.logger(resume_step=step, resume_seconds=1e12).hparams(

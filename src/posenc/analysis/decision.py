@@ -36,10 +36,11 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from scipy import stats
+
+from posenc.evaluation.metrics import sacrebleu_scorer
 
 #: the significance level, after the family's correction
 ALPHA = 0.05
@@ -177,7 +178,7 @@ def sentence_statistics(
     """sacreBLEU's sufficient statistics of ``metric`` (``bleu`` or ``chrf``) per sentence,
     ``(N, k)``: summed over any sample of sentences they give that sample's corpus score."""
     return np.asarray(
-        _scorer(metric)._extract_corpus_statistics(list(hypotheses), [list(references)]),
+        sacrebleu_scorer(metric)._extract_corpus_statistics(list(hypotheses), [list(references)]),
         dtype=np.int64,
     )
 
@@ -193,7 +194,7 @@ def sentence_deviation(
     sentences, of the seed-averaged corpus ``metric`` of the runs ``a`` minus the runs ``b``
     (each run's :func:`sentence_statistics` on the same references). One draw of sentences
     serves every run of a sample, so the paired structure of the test set is kept."""
-    scorer = _scorer(metric)
+    scorer = sacrebleu_scorer(metric)
     size = a[0].shape[0]
     rng = np.random.default_rng(seed)
     differences: list[float] = []
@@ -218,13 +219,6 @@ def sentence_deviation(
             )
         differences += [x - y for x, y in zip(*means, strict=True)]
     return float(np.std(differences, ddof=1))
-
-
-def _scorer(metric: str) -> Any:
-    """sacreBLEU's ``BLEU()`` or ``CHRF()`` with its default settings (those of the scores)."""
-    from sacrebleu.metrics import BLEU, CHRF
-
-    return {"bleu": BLEU, "chrf": CHRF}[metric]()
 
 
 #: a unit of 2 to 30 characters repeated at least four times in a row (spaces and punctuation

@@ -33,7 +33,7 @@ from posenc.data.corpus import Corpus
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.attention_maps import example_attention, plot_attention
 from posenc.evaluation.decode import DecodeSettings, translate
-from posenc.evaluation.metrics import BertScore, bleu_chrf, length_buckets
+from posenc.evaluation.metrics import BertScore, corpus_scores, length_buckets
 from posenc.evaluation.sentence_losses import SentenceLosses, losses_file, write_losses
 from posenc.model.factory import load_run_model, variant_model
 from posenc.model.seq2seq import Seq2Seq
@@ -93,7 +93,7 @@ def evaluate_split(
     generated = sum(len(row) + 1 for row in ids)
     result: dict[str, Any] = {
         "sentences": len(hypotheses),
-        **bleu_chrf(hypotheses, corpus.tgt),
+        **corpus_scores(hypotheses, corpus.tgt),
         **bertscore(hypotheses, corpus.tgt).as_dict(),
         "loss": round(losses.loss, 5),
         "decode_seconds": round(seconds, 3),

@@ -1,6 +1,6 @@
-"""Translation metrics: detokenised sacreBLEU and chrF with their signatures, and BERTScore
-with its model, layer and hash. A BERTScore model that cannot be loaded gives null scores and
-a reason, never a failed run."""
+"""Translation metrics: the sacreBLEU metrics of :mod:`posenc.config.metrics` (BLEU, chrF,
+chrF++) on detokenised text with their signatures, and BERTScore with its model, layer and hash.
+A BERTScore model that cannot be loaded gives null scores and a reason, never a failed run."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import sacrebleu
+
+from posenc.config.metrics import SACREBLEU_METRICS
 
 log = logging.getLogger("posenc.evaluation.metrics")
 
@@ -25,17 +27,23 @@ BERTSCORE_MODELS: dict[str, tuple[str, str, int]] = {
 }
 
 
-def bleu_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """Corpus BLEU and chrF of detokenised text, each with its sacreBLEU signature."""
-    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
-    bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
-    chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
-    return {
-        "bleu": round(bleu_score.score, 4),
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf": round(chrf_score.score, 4),
-        "chrf_signature": str(chrf.get_signature()),
-    }
+def sacrebleu_scorer(name: str) -> Any:
+    """A fresh sacreBLEU metric object for the metric ``name`` (:data:`SACREBLEU_METRICS`)."""
+    class_name, options = SACREBLEU_METRICS[name].sacrebleu  # type: ignore[misc]
+    return getattr(sacrebleu, class_name)(**options)
+
+
+def corpus_scores(
+    hypotheses: Sequence[str], references: Sequence[str], names: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The corpus scores of detokenised text by the sacreBLEU metrics ``names`` (default:
+    every one), each with its signature (``NAME_signature``)."""
+    scores: dict[str, Any] = {}
+    for name in SACREBLEU_METRICS if names is None else names:
+        scorer = sacrebleu_scorer(name)
+        scores[name] = round(scorer.corpus_score(list(hypotheses), [list(references)]).score, 4)
+        scores[f"{name}_signature"] = str(scorer.get_signature())
+    return scores
 
 
 @dataclass
@@ -128,7 +136,9 @@ def length_buckets(
         if not idx:
             buckets.append({"min": low, "max": high, "sentences": 0, "bleu": None, "loss": None})
             continue
-        scores = bleu_chrf([hypotheses[i] for i in idx], [references[i] for i in idx])
+        scores = corpus_scores(
+            [hypotheses[i] for i in idx], [references[i] for i in idx], ("bleu",)
+        )
         loss = sum(nll[i] for i in idx) / max(sum(counts[i] for i in idx), 1)
         buckets.append(
             {

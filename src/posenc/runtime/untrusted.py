@@ -28,6 +28,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from posenc.config import metrics as metric_table
+
 #: how to repair each file of a run directory, by name
 FIXES = {
     "config.yaml": "restore it from the run's owner or train the run again",
@@ -284,9 +286,8 @@ def within(low: float, high: float) -> Leaf:
     )
 
 
-PERCENT = within(0.0, 100.0)  #: BLEU, chrF
+PERCENT = within(0.0, 100.0)  #: BLEU of a length bucket
 LOSS = within(0.0, math.inf)  #: a loss in nats: never negative
-UNIT = within(-1.0, 1.0)  #: BERTScore
 ANY_MAPPING = MapOf(Leaf("anything", lambda v: True))
 
 
@@ -373,15 +374,33 @@ BUCKET = Fields(
     required={"min": INT, "max": INT, "sentences": INT},
     optional={"bleu": nullable(PERCENT), "loss": nullable(LOSS)},
 )
+
+
 #: one split's scores (``posenc.evaluation.evaluate.evaluate_split``)
+def _metric_fields() -> tuple[dict[str, Schema], dict[str, Schema]]:
+    """The required and optional fields of a split's scores that the metrics of
+    :mod:`posenc.config.metrics` declare: each metric in its range (an optional one nullable),
+    a sacreBLEU metric's signature, the other keys each declares."""
+    required: dict[str, Schema] = {}
+    optional: dict[str, Schema] = {}
+    for metric in metric_table.METRICS:
+        value = within(metric.low, metric.high)
+        if metric.required:
+            required[metric.name] = value
+        else:
+            optional[metric.name] = nullable(value)
+        if metric.sacrebleu is not None:
+            optional[f"{metric.name}_signature"] = STR
+        kinds = {"text": STR, "count": INT, "number": NUMBER, "score": value}
+        optional.update({key: nullable(kinds[kind]) for key, kind in metric.keys.items()})
+    return required, optional
+
+
+_REQUIRED_METRICS, _OPTIONAL_METRICS = _metric_fields()
 SCORES = Fields(
-    required={"bleu": PERCENT, "chrf": PERCENT, "loss": LOSS, "sentences": INT},
+    required={**_REQUIRED_METRICS, "loss": LOSS, "sentences": INT},
     optional={
-        "bleu_signature": STR,
-        "chrf_signature": STR,
-        "bertscore_f1": nullable(UNIT),
-        "bertscore_precision": nullable(UNIT),
-        "bertscore_recall": nullable(UNIT),
+        **_OPTIONAL_METRICS,
         "decode_seconds": NUMBER,
         "decode_tokens_per_s": NUMBER,
         "decode_sentences_per_s": NUMBER,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from posenc.config import TrainerConfig
+from posenc.config.metrics import VALIDATION_METRICS
 from posenc.data.tokenizer import Tokenizer
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime import checkpoint, distributed
@@ -77,7 +78,8 @@ class ValidBleu:
         return cls(scorer, [sources[i] for i in keep], [references[i] for i in keep])
 
     def __call__(self, model: Seq2Seq, tokenizer: Tokenizer) -> tuple[dict[str, float], str]:
-        """``{"bleu", "chrf", "seconds"}`` of the model's greedy translations of the subset, and
+        """The model's greedy translations of the subset scored (``{NAME: score}`` of
+        :data:`~posenc.config.metrics.VALIDATION_METRICS`, and ``seconds``), and
         its first :data:`EXAMPLES` pairs with their translations as a markdown table (empty
         when the scorer gives no translations)."""
         started = time.perf_counter()
@@ -91,7 +93,7 @@ class ValidBleu:
             for texts in zip(sources, self.references, hypotheses, strict=False)
         ]
         table = "\n".join(["source | reference | translation", "--- | --- | ---", *rows])
-        scored = {"bleu": float(scores["bleu"]), "chrf": float(scores["chrf"])}
+        scored = {name: float(scores[name]) for name in VALIDATION_METRICS}
         return scored | {"seconds": seconds}, table if rows else ""
 
 
@@ -172,7 +174,9 @@ def validate(run: Training) -> None:
         run.logger.scalars(state.step, {"valid/loss": loss})
         run.logger.against_time("valid_loss", loss, state.train_seconds)
         if scores:
-            run.logger.scalars(state.step, {"valid/bleu": bleu, "valid/chrf": scores["chrf"]})
+            run.logger.scalars(
+                state.step, {f"valid/{name}": scores[name] for name in VALIDATION_METRICS}
+            )
             run.logger.against_time("valid_bleu", bleu, state.train_seconds)
         if examples:  # TensorBoard's Text tab, as fairseq users log a few translations
             run.logger.writer.add_text("valid/examples", examples, state.step)

@@ -18,7 +18,7 @@ from posenc.analysis.report.runs import Entry, Group, split_entries
 from posenc.analysis.report.stats import read_lines
 from posenc.data.corpora import shared_with_training
 from posenc.data.corpus import DataError
-from posenc.evaluation.metrics import bleu_chrf
+from posenc.evaluation.metrics import corpus_scores
 from posenc.runtime.files import write_text
 
 log = logging.getLogger("posenc.analysis.report")
@@ -54,7 +54,7 @@ def clean_entries(
                 paths = [folder / f"{kind}.{name}.txt" for kind in ("hypotheses", "references")]
                 for path, lines in zip(paths, (hyps, refs), strict=True):
                     write_text(path, "".join(lines[i] + "\n" for i in keep))
-                scores = bleu_chrf([hyps[i] for i in keep], [refs[i] for i in keep])
+                scores = corpus_scores([hyps[i] for i in keep], [refs[i] for i in keep])
                 scores["sentences"] = len(keep)
                 found.setdefault(name, {}).setdefault(system, []).append(
                     Entry(system, entry.run, scores, *paths)

@@ -35,6 +35,7 @@ from posenc.analysis.report.stats import (
     seed_texts,
     system_order,
 )
+from posenc.config.metrics import SACREBLEU_METRICS
 
 #: what the ``seeds`` column of the score and significance tables means (both captions say it)
 SEEDS_COLUMN = "`seeds`: the training seeds of the runs a row is computed from"
@@ -59,7 +60,9 @@ def split_sections(
     w.heading(SECTIONS[2])
     w.text(
         "Mean ± sample standard deviation over seeds (no ± and no error bar for one seed); "
-        f"{SEEDS_COLUMN}. BLEU and chrF are detokenised sacreBLEU; BERTScore F1 is shown ×100 "
+        f"{SEEDS_COLUMN}. {_listed([m.label for m in SACREBLEU_METRICS.values()])} are "
+        "detokenised sacreBLEU (a metric added later is shown where runs have it); BERTScore F1 "
+        "is shown ×100 "
         "(0–100, like BLEU and chrF) in the tables and figures (`report.csv` and `metrics.json` "
         "keep its 0–1 value); loss is the token-level NLL of the references. Each score's "
         "figure has the same y range on every split."
@@ -118,6 +121,11 @@ def limit_notes(limits: Sequence[tuple[str, float, str]]) -> list[str]:
 # ---------------------------------------------------------------- 3. scores
 
 
+def _listed(words: Sequence[str]) -> str:
+    """``a, b and c``."""
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
+
+
 def section_scores(
     w: Writer,
     split: str,
@@ -125,15 +133,20 @@ def section_scores(
     styles: dict[str, Any],
     limits: dict[str, tuple[float, float]],
 ) -> Table:
-    """BLEU, chrF, BERTScore F1 (x100) and loss per system (mean ± std over seeds; the CSV keeps
-    the values of ``metrics.json``), a bar chart with the y ranges ``limits``, and the metric
-    signatures. Returns the score table as written."""
+    """Each metric some run has (:data:`SCORES`, BERTScore F1 x100) and the loss per system
+    (mean ± std over seeds; the CSV keeps the values of ``metrics.json``), a bar chart with the
+    y ranges ``limits``, and the metric signatures. Returns the score table as written."""
     w.heading(f"{split}", 3)
     rows = []
+    scored = [  # the metrics some run has (one added later is missing from older runs)
+        score
+        for score in SCORES
+        if any(e.scores.get(score[0]) is not None for entries in systems.values() for e in entries)
+    ]
     for name in system_order(systems):
         entries = systems[name]
         cells = [name, seed_list(entries), fmt(entries[0].scores.get("sentences"))]
-        for metric, _, digits, scale in SCORES:
+        for metric, _, digits, scale in scored:
             for entry in entries:
                 w.record("scores", split, name, entry.run.name, metric, entry.scores.get(metric))
             stats = mean_std(e.scores.get(metric) for e in entries)
@@ -141,7 +154,7 @@ def section_scores(
             shown = None if stats is None else (stats[0] * scale, stats[1] * scale, stats[2])
             cells.append(fmt_stats(shown, digits))
         rows.append(cells)
-    header = ["system", "seeds", "sentences", *[label for _, label, _, _ in SCORES]]
+    header = ["system", "seeds", "sentences", *[label for _, label, _, _ in scored]]
     table = w.table(header, rows)
     signature_lines(w, systems)
     plot_scores(w, split, systems, styles, limits)
@@ -152,8 +165,11 @@ def signature_lines(w: Writer, systems: dict[str, list[Entry]]) -> None:
     """The sacreBLEU signatures and the BERTScore model/layer (or the reason it is null)."""
     scores = [e.scores for entries in systems.values() for e in entries]
     lines = []
-    for key, label in (("bleu_signature", "BLEU"), ("chrf_signature", "chrF")):
+    for name, declared in SACREBLEU_METRICS.items():
+        key, label = f"{name}_signature", declared.label
         signatures = dict.fromkeys(str(s.get(key)) for s in scores if s.get(key))
+        if not signatures and not declared.required:
+            continue  # a metric added later: runs scored before it have no signature of it
         lines.append(
             f"- sacreBLEU {label} signature: "
             + (", ".join(f"`{sig}`" for sig in signatures) or "—")

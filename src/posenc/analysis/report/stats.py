@@ -12,6 +12,7 @@ from typing import Any
 
 from posenc.analysis.report.runs import Entry, Group, Run
 from posenc.config import LENGTH_LIMITS
+from posenc.config.metrics import METRICS
 from posenc.runtime import untrusted
 
 #: the note of a system whose output equals the baseline's (its p-value is 1 by definition)
@@ -19,17 +20,12 @@ from posenc.runtime import untrusted
 #: a mean over seeds: (mean, sample standard deviation, number of values)
 Stats = tuple[float, float, int]
 
-#: the scores of the tables and figures: (metric in metrics.json, label, decimals, scale).
-#: BERTScore F1 is shown x100, on BLEU's and chrF's 0-100 scale, wherever the report shows it
-#: (``report.csv`` keeps ``metrics.json``'s 0-1 value)
-SCORES = (
-    ("bleu", "BLEU", 2, 1.0),
-    ("chrf", "chrF", 2, 1.0),
-    ("bertscore_f1", "BERTScore F1 ×100", 2, 100.0),
-    ("loss", "loss", 4, 1.0),
-)
-#: the scores drawn as bars: those on a 0-100 scale
-BAR_SCORES = SCORES[:3]
+#: the scores drawn as bars, every metric of :mod:`posenc.config.metrics`: (metric in
+#: metrics.json, label, decimals, scale). A metric is shown on its declared scale (BERTScore F1
+#: x100, on BLEU's 0-100) wherever the report shows it; ``report.csv`` keeps metrics.json's value
+BAR_SCORES = tuple((m.name, m.shown_label, 2, m.scale) for m in METRICS)
+#: the scores of the tables: the metrics and the loss
+SCORES = (*BAR_SCORES, ("loss", "loss", 4, 1.0))
 
 
 def finite(values: Iterable[Any]) -> list[float]:
