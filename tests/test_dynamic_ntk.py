@@ -19,9 +19,9 @@ from posenc.model.encodings.rotary import (
     DynamicNTKEncoderRule,
     DynamicNTKTables,
     RotaryEncoding,
-    RotaryRule,
     dynamic_ntk_inverse_frequencies,
 )
+from posenc.model.encodings.rotation import RotaryRule
 from posenc.model.layers import DecoderCache
 
 DYNAMIC = {"scaling": "dynamic_ntk", "factor": 4.0}

@@ -28,7 +28,8 @@ from posenc.analysis.bench import render
 from posenc.analysis.bench import runner as bench
 from posenc.config import reference_encoding
 from posenc.model.encodings.base import AttentionCall, AttentionRule, StackEncoding
-from posenc.model.encodings.rotary import RotaryEncoding, RotaryRule
+from posenc.model.encodings.rotary import RotaryEncoding
+from posenc.model.encodings.rotation import RotaryRule
 from posenc.model.factory import build_model, encoding_names
 
 CONFIGS = ROOT / "configs"

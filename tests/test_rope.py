@@ -14,7 +14,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 import posenc.model.encodings.rotary as rotary
 from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
-from posenc.model.encodings.rotary import CrossRotaryRule, RotaryEncoding, RotaryRule
+from posenc.model.encodings.rotary import CrossRotaryRule, RotaryEncoding
+from posenc.model.encodings.rotation import RotaryRule
 from posenc.model.positions import PositionAugmentation
 
 

@@ -9,8 +9,11 @@ import pytest
 import torch
 from conftest import pe_config, tiny_model
 
+from posenc.model.encodings import encoding_class
 from posenc.model.encodings.base import AttentionRule, Site
-from posenc.model.encodings.rotary import RotaryEncoding, RotaryRule, XPosEncoding
+from posenc.model.encodings.rotary import RotaryEncoding
+from posenc.model.encodings.rotation import RotaryRule
+from posenc.model.encodings.xpos import XPosEncoding
 
 HEAD_DIM = 8
 
@@ -148,3 +151,8 @@ def test_an_odd_head_dim_fails_at_construction():
 def test_the_yaml_holds_the_papers_defaults():
     cfg = pe_config("xpos")
     assert cfg["gamma"] == 0.4 and cfg["scale_base"] == 512.0 and cfg["base"] == 10000.0
+
+
+def test_runs_made_before_xpos_had_its_own_module_still_name_it():
+    assert encoding_class("posenc.model.encodings.rotary.XPosEncoding") is XPosEncoding
+    assert encoding_class("posenc.model.encodings.xpos.XPosEncoding") is XPosEncoding

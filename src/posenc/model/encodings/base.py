@@ -261,11 +261,17 @@ class StackEncoding(EncodingModule):
     this class. Declared here, with the encoding, so that an encoding with options touches only
     its module, its YAML and its own test (empty: the config's form alone)."""
 
+    former_paths: ClassVar[tuple[str, ...]] = ()
+    """``"module.Class"`` paths this class had before it moved: a run directory's config names
+    the class where it was when the run was made, so the catalogue knows it there too."""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Every subclass defined by code that runs joins :data:`CATALOGUE`: the only classes a
         config's ``_target_`` may name."""
         super().__init_subclass__(**kwargs)
         CATALOGUE[f"{cls.__module__}.{cls.__qualname__}"] = cls
+        for path in cls.__dict__.get("former_paths", ()):
+            CATALOGUE[path] = cls  # the runs made before the class moved name it there
 
     def __init__(self, site: Site, d_model: int, n_heads: int, n_layers: int) -> None:
         super().__init__()

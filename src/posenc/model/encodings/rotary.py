@@ -1,18 +1,16 @@
-"""Rotary encodings: q and k are rotated by position-dependent angles before the dot product.
+"""RoPE (RoFormer, Su et al. 2021): q and k rotated by position-dependent angles before the
+dot product. Pair ``i`` of a head's rotated dims turns by the angle ``m * theta_i`` at position
+``m``, ``theta_i = base^(-2i/r)`` (``r`` rotated dims), so ``q_m . k_n`` depends on the
+positions only through ``m - n``.
 
-* ``rope`` — RoFormer (Su et al. 2021). Pair ``i`` of a head's rotated dims turns by the angle
-  ``m * theta_i`` at position ``m``, ``theta_i = base^(-2i/r)`` (``r`` rotated dims), so
-  ``q_m . k_n`` depends on the positions only through ``m - n``. Context-extension scalings for
-  test inputs longer than training (``scaling``): ``linear`` (position interpolation), ``ntk``
-  (NTK-aware base), ``yarn`` (YaRN's per-frequency ramp and temperature) and ``dynamic_ntk``
-  (the NTK base following the length); their inverse frequencies equal
-  ``transformers.modeling_rope_utils``'. p-RoPE (``rope_proportion = p``, transformers'
-  ``"proportional"``): the ``floor(p D / 2)`` highest frequencies of the whole head kept, the
-  lower ones set to 0. Dynamic NTK rotates each decoder position ``m`` once, before caching, at
-  the base of the length ``m + 1``, and an encoder source at the base of its own length.
-* ``xpos`` — Sun et al. 2022: RoPE whose pair ``i`` is also scaled by ``zeta_i^(m/scale_base)``
-  on queries and ``zeta_i^(-n/scale_base)`` on keys, ``zeta_i = (i/(r/2) + gamma)/(1 + gamma)``,
-  so it contributes ``zeta_i^((m-n)/scale_base)`` times RoPE's term.
+Context-extension scalings for test inputs longer than training (``scaling``), one function
+each in :data:`SCALINGS` (as transformers' ``ROPE_INIT_FUNCTIONS``): ``linear`` (position
+interpolation), ``ntk`` (NTK-aware base), ``yarn`` (YaRN's per-frequency ramp and temperature)
+and ``dynamic_ntk`` (the NTK base following the length); their inverse frequencies equal
+``transformers.modeling_rope_utils``'. p-RoPE (``rope_proportion = p``, transformers'
+``"proportional"``): the ``floor(p D / 2)`` highest frequencies of the whole head kept, the
+lower ones set to 0. Dynamic NTK rotates each decoder position ``m`` once, before caching, at the
+base of the length ``m + 1``, and an encoder source at the base of its own length.
 
 Layout: the rotated dims are the first ``r = rotary_fraction * D`` of each head; pair ``i`` is
 the adjacent pair ``(2i, 2i+1)``, as in the paper; the other ``D - r`` dims pass through.
@@ -20,25 +18,33 @@ the adjacent pair ``(2i, 2i+1)``, as in the paper; the other ``D - r`` dims pass
 Where it applies: self-attention, keys rotated once at their own position before the cache
 (dynamic NTK's encoder at attention time), the table ``e^(i m theta)`` made once per forward in
 ``context``; cross-attention too with ``cross_attention=rotated`` (x-transformers'
-``context_pos``). Formulas, dynamic NTK's cache, the pair layout against "rotate half" and why
-xPos has no cross-attention form: ``docs/encodings/rope.md``.
+``context_pos``). Formulas, dynamic NTK's cache and the pair layout against "rotate half":
+``docs/encodings/rope.md``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from posenc.model.encodings.base import AttentionCall, AttentionRule, Site, StackEncoding
+from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
+from posenc.model.encodings.rotation import (
+    RotaryRule,
+    RotaryStack,
+    RotaryTables,
+    rope_frequencies,
+    rotate,
+    rotation_table,
+)
 
 if TYPE_CHECKING:
     from posenc.model.positions import PositionAugmentation
 
-SCALINGS = ("none", "linear", "ntk", "yarn", "dynamic_ntk")
 CROSS_ATTENTION = ("plain", "rotated")
 YARN_BETA_FAST = 32.0
 YARN_BETA_SLOW = 1.0
@@ -90,28 +96,31 @@ def yarn_attention_factor(factor: float) -> float:
     return 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
 
 
-def rope_inverse_frequencies(
-    dim: int,
-    base: float = 10000.0,
-    scaling: str = "none",
-    factor: float = 1.0,
-    original_max_len: int = 256,
-) -> tuple[Tensor, float]:
-    """Inverse frequencies ``theta (dim/2,)`` for ``dim`` rotated dims and the factor that
-    multiplies cos and sin (YaRN's attention temperature; 1 otherwise).
+Scaling = Callable[[int, float, float, int], tuple[Tensor, float]]
+"""``(dim, base, factor, original_max_len) -> (inverse frequencies (dim/2,), attention
+factor)``: one context-extension scaling of RoPE."""
 
-    ``factor`` is ignored with ``scaling="none"``; ``original_max_len`` is used by YaRN only.
-    ``dynamic_ntk`` gets RoPE's own frequencies, those of lengths up to ``original_max_len``
-    (:func:`dynamic_ntk_inverse_frequencies` gives them at any length).
-    """
-    exponents = torch.arange(0, dim, 2, dtype=torch.float32) / dim
-    if scaling == "ntk":
-        base = base * factor ** (dim / (dim - 2))
-    inv_freq = 1.0 / base**exponents
-    if scaling == "linear":
-        return inv_freq / factor, 1.0
-    if scaling != "yarn":
-        return inv_freq, 1.0
+
+def _unscaled(dim: int, base: float, factor: float, original_max_len: int) -> tuple[Tensor, float]:
+    """RoPE's own frequencies (also dynamic NTK's up to ``original_max_len``:
+    :func:`dynamic_ntk_inverse_frequencies` gives them at any length)."""
+    return rope_frequencies(dim, base), 1.0
+
+
+def _linear(dim: int, base: float, factor: float, original_max_len: int) -> tuple[Tensor, float]:
+    """Position interpolation: every frequency divided by ``factor``."""
+    return rope_frequencies(dim, base) / factor, 1.0
+
+
+def _ntk(dim: int, base: float, factor: float, original_max_len: int) -> tuple[Tensor, float]:
+    """NTK-aware: the base raised to ``base * factor^(dim/(dim-2))``."""
+    return rope_frequencies(dim, base * factor ** (dim / (dim - 2))), 1.0
+
+
+def _yarn(dim: int, base: float, factor: float, original_max_len: int) -> tuple[Tensor, float]:
+    """YaRN: the fast pairs kept, the slow ones interpolated, a linear ramp between, and the
+    attention temperature :func:`yarn_attention_factor`."""
+    inv_freq = rope_frequencies(dim, base)
 
     def pair_index(rotations: float) -> float:
         """The (fractional) pair index whose wavelength fits ``rotations`` times into the
@@ -128,6 +137,30 @@ def rope_inverse_frequencies(
     return inv_freq, yarn_attention_factor(factor)
 
 
+#: every scaling by its ``pe.scaling`` name
+SCALINGS: dict[str, Scaling] = {
+    "none": _unscaled,
+    "linear": _linear,
+    "ntk": _ntk,
+    "yarn": _yarn,
+    "dynamic_ntk": _unscaled,
+}
+
+
+def rope_inverse_frequencies(
+    dim: int,
+    base: float = 10000.0,
+    scaling: str = "none",
+    factor: float = 1.0,
+    original_max_len: int = 256,
+) -> tuple[Tensor, float]:
+    """Inverse frequencies ``theta (dim/2,)`` for ``dim`` rotated dims under ``scaling``
+    (:data:`SCALINGS`) and the factor that multiplies cos and sin (YaRN's attention
+    temperature; 1 otherwise). ``factor`` is ignored with ``scaling="none"``;
+    ``original_max_len`` is used by YaRN only."""
+    return SCALINGS[scaling](dim, base, factor, original_max_len)
+
+
 def dynamic_ntk_inverse_frequencies(
     inv_freq: Tensor, factor: float, original_max_len: int, lengths: Tensor
 ) -> Tensor:
@@ -142,68 +175,6 @@ def dynamic_ntk_inverse_frequencies(
     stretch = (factor * lengths.to(torch.float32) / original_max_len - (factor - 1)).clamp(min=1.0)
     exponents = torch.arange(0, dim, 2, dtype=torch.float32, device=inv_freq.device) / (dim - 2)
     return inv_freq * stretch[:, None] ** -exponents
-
-
-def rotation_table(positions: Tensor, inv_freq: Tensor, scale: Tensor | float = 1.0) -> Tensor:
-    """Complex ``scale * e^(i m theta) (..., L, r/2)`` (complex64) for ``positions (L,)`` and
-    ``inv_freq``: ``(r/2,)`` for every position, ``(L, r/2)`` one set per position or
-    ``(B, 1, r/2)`` one per sequence; ``scale`` (a float or ``(L, r/2)``) is YaRN's temperature
-    or xPos's decay."""
-    angles = positions.to(torch.float32)[:, None] * inv_freq
-    return torch.complex(angles.cos() * scale, angles.sin() * scale)
-
-
-def rotate(x: Tensor, table: Tensor) -> Tensor:
-    """Rotate the first ``r`` dims of ``x (B, H, L, D)`` by ``table (L, r/2)`` (or one per
-    sequence, ``(B, 1, L, r/2)``) from :func:`rotation_table`, pair ``(2i, 2i+1)`` by entry
-    ``i``; the other dims pass through.
-
-    Computed in float32 for lower-precision inputs (complex bfloat16 does not exist) and
-    returned in ``x``'s dtype.
-    """
-    r = 2 * table.shape[-1]
-    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    head = work[..., :r] if r < x.shape[-1] else work
-    compiling = torch.compiler.is_compiling()  # reading strides would break the graph
-    if compiling or head.storage_offset() % 2 or any(st % 2 for st in head.stride()[:-1]):
-        head = head.contiguous()  # a complex view needs even strides (odd head dims)
-    pairs = torch.view_as_complex(head.unflatten(-1, (-1, 2)))
-    out = torch.view_as_real(pairs * table.to(pairs.dtype)).flatten(-2)
-    if r < x.shape[-1]:
-        out = torch.cat((out, work[..., r:]), dim=-1)
-    return out.to(x.dtype)
-
-
-@dataclass
-class RotaryTables:
-    """The per-forward rotation of the new tokens: complex ``(L, r/2)`` tables for queries and
-    for keys (the same tensor unless the key side is scaled differently, as in xPos)."""
-
-    q: Tensor
-    k: Tensor
-
-
-class RotaryRule(AttentionRule):
-    """Rotates the new tokens' q and k with the stack's :class:`RotaryTables` before caching;
-    attention is then plain SDPA (the base class's forward)."""
-
-    rotates_qk = True
-
-    def prepare(
-        self,
-        q: Tensor,
-        k: Tensor,
-        x: Tensor,
-        positions: Tensor,
-        context: RotaryTables | None = None,
-    ) -> tuple[Tensor, Tensor, None]:
-        """``q, k (B, H, L, D)`` rotated at ``positions (L,)`` using ``context``."""
-        if context is None or context.q.shape[0] != positions.shape[0]:
-            raise ValueError(
-                "a rotary rule needs the stack's context built from the call's q_pos "
-                f"({positions.shape[0]} positions)"
-            )
-        return rotate(q, context.q), rotate(k, context.k), None
 
 
 @dataclass
@@ -306,15 +277,7 @@ class CrossRotaryRule(RotateAtAttention):
         return rotate(q, q_table), rotate(k, k_table)
 
 
-class _RotaryStack(StackEncoding):
-    """Shared machinery: one :class:`RotaryRule` per layer for self-attention, plain
-    cross-attention, tables computed in :meth:`context`."""
-
-    def self_rule(self, layer: int) -> AttentionRule:
-        return RotaryRule()
-
-
-class RotaryEncoding(_RotaryStack):
+class RotaryEncoding(RotaryStack):
     """RoPE (Su et al.) on encoder and decoder self-attention, with optional context extension
     and p-RoPE's zeroed lowest frequencies.
 
@@ -368,7 +331,9 @@ class RotaryEncoding(_RotaryStack):
                 "and a target's lengths differ; use another scaling or cross_attention=plain"
             )
         if scaling not in SCALINGS:
-            raise ValueError(f"rope: scaling={scaling!r} is unknown; use one of {SCALINGS}")
+            raise ValueError(
+                f"rope: scaling={scaling!r} is unknown; use one of {', '.join(SCALINGS)}"
+            )
         dim = rotary_dim(d_model // n_heads, rotary_fraction)
         if rope_proportion is not None and rotary_fraction != 1.0:
             raise ValueError(
@@ -431,68 +396,3 @@ class RotaryEncoding(_RotaryStack):
             )
         table = rotation_table(q_pos, inv_freq, self.attention_factor)
         return RotaryTables(table, table)
-
-
-class XPosEncoding(_RotaryStack):
-    """xPos (Sun et al. 2022): RoPE with an exponential decay in the decoder.
-
-    Decoder (the paper's causal form): pair ``i`` of the query at position ``m`` is scaled by
-    ``zeta_i^(m/scale_base)`` and of the key at ``n`` by ``zeta_i^(-n/scale_base)``, so it adds
-    ``zeta_i^((m-n)/scale_base)`` times its RoPE term to the score, with
-    ``zeta_i = (i/(r/2) + gamma) / (1 + gamma)`` in ``[gamma/(1+gamma), 1)``.
-
-    Encoder: plain RoPE (no decay). The factorised decay is a decay only for keys at or before
-    the query; in bidirectional attention a key ``n - m`` positions *after* the query would be
-    amplified by ``zeta^(-(n-m)/scale_base)``, growing with distance, the opposite of the
-    paper's locality prior. A symmetric ``zeta^(|m-n|/scale_base)`` cannot be split into a
-    query and a key factor (it would need explicit per-frequency scores and lose SDPA), and
-    x-transformers refuses xPos in bidirectional attention for the same reason.
-
-    Positions are taken from a fixed origin (0), not the sequence's centre as in torchscale
-    (``docs/encodings/rope.md`` says why and how far that stays finite).
-
-    Args:
-        site, d_model, n_heads, n_layers: see :class:`StackEncoding`.
-        base: RoPE's wavelength base.
-        gamma: the decay offset (0.4 in the paper).
-        scale_base: the decay's length scale (512 in the paper).
-    """
-
-    applies_to = "encoder and decoder self-attention (q, k rotated and scaled); cross plain"
-    encoder_form = "plain RoPE: the decay zeta^((m-n)/B) only decays for keys before the query"
-    speed_target = 1.10
-    augment_modes = frozenset({"random", "scale"})
-
-    def __init__(
-        self,
-        site: Site,
-        d_model: int,
-        n_heads: int,
-        n_layers: int,
-        base: float = 10000.0,
-        gamma: float = 0.4,
-        scale_base: float = 512.0,
-    ) -> None:
-        super().__init__(site, d_model, n_heads, n_layers)
-        if gamma <= 0 or scale_base <= 0:
-            raise ValueError(f"xpos: gamma={gamma} and scale_base={scale_base} must be > 0")
-        dim = d_model // n_heads
-        if dim % 2:
-            raise ValueError(f"xpos: the head dim d_model/n_heads = {dim} must be even (pairs)")
-        self.scale_base = scale_base
-        inv_freq, _ = rope_inverse_frequencies(dim, base)
-        zeta = (torch.arange(dim // 2, dtype=torch.float32) / (dim // 2) + gamma) / (1 + gamma)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.register_buffer("log_zeta", zeta.log(), persistent=False)
-
-    def context(self, q_pos: Tensor, k_pos: Tensor) -> RotaryTables:
-        """Query and key tables ``(Lq, D/2)`` for the call's new tokens; the key table carries
-        the inverse decay (decoder) or equals the query table (encoder)."""
-        if not self.causal:
-            table = rotation_table(q_pos, self.inv_freq)
-            return RotaryTables(table, table)
-        power = q_pos.to(torch.float32)[:, None] / self.scale_base * self.log_zeta[None, :]
-        return RotaryTables(
-            rotation_table(q_pos, self.inv_freq, power.exp()),
-            rotation_table(q_pos, self.inv_freq, (-power).exp()),
-        )

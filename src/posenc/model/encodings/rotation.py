@@ -1,0 +1,90 @@
+"""The rotation of queries and keys that the rotary encodings share.
+
+RoPE (:mod:`~posenc.model.encodings.rotary`) and xPos (:mod:`~posenc.model.encodings.xpos`)
+use RoPE's frequencies, the complex rotation tables, the rotation of pairs of dims, and the
+stack whose self-attention rotates the new tokens before they are cached."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posenc.model.encodings.base import AttentionRule, StackEncoding
+
+
+def rope_frequencies(dim: int, base: float = 10000.0) -> Tensor:
+    """RoPE's inverse frequencies ``theta_i = base^(-2i/dim) (dim/2,)`` for ``dim`` rotated
+    dims."""
+    return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+
+
+def rotation_table(positions: Tensor, inv_freq: Tensor, scale: Tensor | float = 1.0) -> Tensor:
+    """Complex ``scale * e^(i m theta) (..., L, r/2)`` (complex64) for ``positions (L,)`` and
+    ``inv_freq``: ``(r/2,)`` for every position, ``(L, r/2)`` one set per position or
+    ``(B, 1, r/2)`` one per sequence; ``scale`` (a float or ``(L, r/2)``) is YaRN's temperature
+    or xPos's decay."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq
+    return torch.complex(angles.cos() * scale, angles.sin() * scale)
+
+
+def rotate(x: Tensor, table: Tensor) -> Tensor:
+    """Rotate the first ``r`` dims of ``x (B, H, L, D)`` by ``table (L, r/2)`` (or one per
+    sequence, ``(B, 1, L, r/2)``) from :func:`rotation_table`, pair ``(2i, 2i+1)`` by entry
+    ``i``; the other dims pass through.
+
+    Computed in float32 for lower-precision inputs (complex bfloat16 does not exist) and
+    returned in ``x``'s dtype.
+    """
+    r = 2 * table.shape[-1]
+    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    head = work[..., :r] if r < x.shape[-1] else work
+    compiling = torch.compiler.is_compiling()  # reading strides would break the graph
+    if compiling or head.storage_offset() % 2 or any(st % 2 for st in head.stride()[:-1]):
+        head = head.contiguous()  # a complex view needs even strides (odd head dims)
+    pairs = torch.view_as_complex(head.unflatten(-1, (-1, 2)))
+    out = torch.view_as_real(pairs * table.to(pairs.dtype)).flatten(-2)
+    if r < x.shape[-1]:
+        out = torch.cat((out, work[..., r:]), dim=-1)
+    return out.to(x.dtype)
+
+
+@dataclass
+class RotaryTables:
+    """The per-forward rotation of the new tokens: complex ``(L, r/2)`` tables for queries and
+    for keys (the same tensor unless the key side is scaled differently, as in xPos)."""
+
+    q: Tensor
+    k: Tensor
+
+
+class RotaryRule(AttentionRule):
+    """Rotates the new tokens' q and k with the stack's :class:`RotaryTables` before caching;
+    attention is then plain SDPA (the base class's forward)."""
+
+    rotates_qk = True
+
+    def prepare(
+        self,
+        q: Tensor,
+        k: Tensor,
+        x: Tensor,
+        positions: Tensor,
+        context: RotaryTables | None = None,
+    ) -> tuple[Tensor, Tensor, None]:
+        """``q, k (B, H, L, D)`` rotated at ``positions (L,)`` using ``context``."""
+        if context is None or context.q.shape[0] != positions.shape[0]:
+            raise ValueError(
+                "a rotary rule needs the stack's context built from the call's q_pos "
+                f"({positions.shape[0]} positions)"
+            )
+        return rotate(q, context.q), rotate(k, context.k), None
+
+
+class RotaryStack(StackEncoding):
+    """Shared machinery: one :class:`RotaryRule` per layer for self-attention, plain
+    cross-attention, tables computed in :meth:`context`."""
+
+    def self_rule(self, layer: int) -> AttentionRule:
+        return RotaryRule()
