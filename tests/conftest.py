@@ -15,6 +15,8 @@ from omegaconf import OmegaConf
 
 from posenc.analysis.report.runs import Entry, Run
 from posenc.config import ModelConfig
+from posenc.data.corpus import Corpus
+from posenc.data.streams import Cleaner
 from posenc.evaluation.metrics import corpus_scores
 from posenc.model.encodings import encoding_factory
 from posenc.model.seq2seq import Seq2Seq
@@ -162,3 +164,19 @@ def scored_entry(
     return Entry(
         system, run, corpus_scores(hyps, SCORED_REFERENCES), folder / "hyp.txt", folder / "ref.txt"
     )
+
+
+def clean_pairs(
+    corpus: Corpus, min_words: int, max_words: int, max_ratio: float, dedup: bool
+) -> tuple[Corpus, dict[str, int]]:
+    """A corpus filtered as training's stream filters it (:class:`~posenc.data.streams.Cleaner`,
+    its filters, then its duplicates).
+
+    Returns the kept pairs (original order) and ``{'input', 'empty', 'length', 'ratio',
+    'duplicate', 'kept'}`` counts.
+    """
+    cleaner = Cleaner(min_words, max_words, max_ratio, dedup)
+    passed = [
+        i for i, pair in enumerate(zip(corpus.src, corpus.tgt, strict=True)) if cleaner.keeps(*pair)
+    ]
+    return corpus.subset([passed[i] for i in cleaner.distinct()]), cleaner.stats

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import SHARED_DATA, sentences, write_pair
+from conftest import SHARED_DATA, clean_pairs, sentences, write_pair
 from omegaconf import OmegaConf
 
 from posenc.data.batching import TokenBatcher, collate
-from posenc.data.corpora import clean_pairs, eval_splits, load_corpora, training_stream
+from posenc.data.corpora import eval_splits, load_corpora, training_stream
 from posenc.data.corpus import Corpus, DataError, resolve_path
 
 ROOT = Path(__file__).resolve().parents[1]

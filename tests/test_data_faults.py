@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import clean_pairs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from posenc.data.batching import TokenBatcher, collate
-from posenc.data.corpora import clean_pairs, load_corpora, read_lines
+from posenc.data.corpora import load_corpora, read_lines
 from posenc.data.corpus import Corpus, DataError
 from posenc.data.streams import MAX_LINE_CHARS
 from posenc.data.tokenizer import Tokenizer, build_tokenizer

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from posenc.analysis.penalty import done_runs, main, penalties, penalty_table
+from posenc.analysis.penalty import done_runs, main, penalties, penalty_table, systems_of
 from posenc.analysis.report.runs import load_run
 
 #: (min, max, sentences) of the test split's buckets; the last one is too small to show
@@ -63,8 +63,13 @@ def sweeps(tmp_path) -> tuple[Path, Path]:
     return short, full
 
 
+def paired(short, full):
+    """The penalties of the short-trained runs ``short`` against ``full`` on ``test``."""
+    return penalties(systems_of(short, "test"), systems_of(full, "test"))
+
+
 def test_penalty_is_the_mean_over_paired_seeds_of_short_minus_full_with_their_spread(sweeps):
-    found = {p.system: p for p in penalties(done_runs(sweeps[0]), done_runs(sweeps[1]), "test")}
+    found = {p.system: p for p in paired(done_runs(sweeps[0]), done_runs(sweeps[1]))}
     assert set(found) == {"rope", "alibi"}
     rope = found["rope"]
     assert (rope.seeds, rope.partner) == ([0, 1], "rope")
@@ -106,7 +111,7 @@ def test_variants_pair_with_their_own_runs_else_with_their_base_and_say_so(tmp_p
     write_run(short, "rope", 0, [4.0, 5.0, 5.7, 7.0], {"augment": "random"})
     write_run(full, "rope", 0, [4.0, 5.0, 5.6, 7.0])
     write_run(full, "rope", 0, [4.0, 5.0, 5.2, 7.0], {"cross_attention": "rotated"})
-    found = {p.system: p for p in penalties(done_runs(short), done_runs(full), "test")}
+    found = {p.system: p for p in paired(done_runs(short), done_runs(full))}
     assert {name: (p.partner, round(p.by_bucket[(20, 30)][0], 6)) for name, p in found.items()} == {
         "rope": ("rope", 0.4),
         "rope [pi4]": ("rope", 0.2),
@@ -137,16 +142,13 @@ def test_test_time_scalings_come_from_the_runs_standalone_evaluation(tmp_path, c
     evaluation = short / "pe=rope,seed=0" / "evals" / "scalings,step=10"
     evaluation.parent.mkdir()
     (tmp_path / "evaluated" / "pe=rope,seed=0").rename(evaluation)
-    found = {
-        p.system: p
-        for p in penalties(done_runs(short, "scalings,step=10"), done_runs(full), "test")
-    }
+    found = {p.system: p for p in paired(done_runs(short, "scalings,step=10"), done_runs(full))}
     assert sorted(found) == ["rope", "rope [pi4]"]
     assert found["rope [pi4]"].by_bucket[(20, 30)][0] == pytest.approx(0.3)
     main([str(short), str(full), "--eval", "scalings,step=10"])
     assert "rope [pi4] (seed 0) |" in capsys.readouterr().out
     # a pattern names the evaluation whose folder's digest differs from seed to seed
-    assert [p.system for p in penalties(done_runs(short, "scal*"), done_runs(full), "test")] == [
+    assert [p.system for p in paired(done_runs(short, "scal*"), done_runs(full))] == [
         "rope",
         "rope [pi4]",
     ]

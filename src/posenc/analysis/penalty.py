@@ -77,13 +77,10 @@ def partner_of(system: str, run: Run, full: dict[str, list[Entry]]) -> str | Non
     return next((name for name in (system, run.label, run.pe) if name in full), None)
 
 
-def penalties(short: Sequence[Run], full: Sequence[Run], split: str) -> list[Penalty]:
-    """Every system of ``short`` with a partner (:func:`partner_of`) that has runs of the same
-    seeds in ``full``, with its penalty per bucket both scored; systems in sorted order."""
-    return _paired(systems_of(short, split), systems_of(full, split))
-
-
-def _paired(short: dict[str, list[Entry]], full: dict[str, list[Entry]]) -> list[Penalty]:
+def penalties(short: dict[str, list[Entry]], full: dict[str, list[Entry]]) -> list[Penalty]:
+    """Every system of ``short`` (:func:`systems_of` the short-trained runs) with a partner
+    (:func:`partner_of`) that has runs of the same seeds in ``full``, with its penalty per
+    bucket both scored; systems in sorted order."""
     found = []
     for system in sorted(short):
         entries = short[system]
@@ -116,7 +113,7 @@ def penalty_table(
         ValueError: when no system of ``short`` has a partner in ``full``.
     """
     short_systems = systems_of(short, split)
-    found = _paired(short_systems, systems_of(full, split))
+    found = penalties(short_systems, systems_of(full, split))
     if not found:
         raise ValueError(
             "no run of the short-trained sweep has a run of the all-lengths sweep with the same "

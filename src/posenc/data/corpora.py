@@ -26,7 +26,6 @@ from posenc.data.corpus import (
 )
 from posenc.data.streams import (
     Carving,
-    Cleaner,
     carve_holdout,
     digest,
     held_out_sets,
@@ -52,13 +51,14 @@ def load_corpora(cfg: Mapping, with_train: bool = True) -> dict[str, Corpus]:
     """All splits described by the ``data`` config node (a DictConfig or a plain dict).
 
     Returns splits by name: ``train``, ``valid``, ``test``, plus one per extra test set (key =
-    its name). Training pairs are cleaned with ``cfg.clean`` (see :func:`clean_pairs`) when the
-    node has one, shuffled with ``cfg.seed`` and cut to ``cfg.train_size`` (a seeded random
-    sample) when set. Held-out splits only lose pairs with an empty side (counted and logged);
-    ``valid`` is a seeded random subset of ``cfg.valid_size`` pairs when set (original order
-    kept), used for the validation loss during training. ``with_train=False`` (evaluation)
-    returns the held-out splits only, the same ones, without streaming, cleaning or shuffling
-    the training data (local held-out sets are still cut out of the training files).
+    its name). Training pairs are cleaned with ``cfg.clean`` (the filters of
+    :class:`~posenc.data.streams.Cleaner`) when the node has one, shuffled with ``cfg.seed`` and
+    cut to ``cfg.train_size`` (a seeded random sample) when set. Held-out splits only lose pairs
+    with an empty side (counted and logged); ``valid`` is a seeded random subset of
+    ``cfg.valid_size`` pairs when set (original order kept), used for the validation loss during
+    training. ``with_train=False`` (evaluation) returns the held-out splits only, the same ones,
+    without streaming, cleaning or shuffling the training data (local held-out sets are still
+    cut out of the training files).
     """
     cfg = plain(cfg)
     loaders: dict[str, Callable[[dict, bool], dict[str, Corpus]]] = {
@@ -321,23 +321,3 @@ def _hub_pairs(cfg: dict, split: str, limit: int | None) -> Iterator[tuple[str, 
                 f"{hub}/{config}; use data=local (with POSENC_DATA pointing to the offline copies)"
             ) from None
         raise
-
-
-# --------------------------------------------------------------------------------------------
-# Cleaning
-# --------------------------------------------------------------------------------------------
-
-
-def clean_pairs(
-    corpus: Corpus, min_words: int, max_words: int, max_ratio: float, dedup: bool
-) -> tuple[Corpus, dict[str, int]]:
-    """Filter training pairs with :class:`~posenc.data.streams.Cleaner`'s filters.
-
-    Returns the kept pairs (original order) and ``{'input', 'empty', 'length', 'ratio',
-    'duplicate', 'kept'}`` counts.
-    """
-    cleaner = Cleaner(min_words, max_words, max_ratio, dedup)
-    passed = [
-        i for i, pair in enumerate(zip(corpus.src, corpus.tgt, strict=True)) if cleaner.keeps(*pair)
-    ]
-    return corpus.subset([passed[i] for i in cleaner.distinct()]), cleaner.stats

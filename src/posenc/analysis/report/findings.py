@@ -1,6 +1,6 @@
 """When a difference between two systems is a finding, for every table that compares systems.
 
-The report, the contrasts and the decoding tables alike (DESIGN.md's rules): the decision rule
+The report, the contrasts and the decoding tables alike: the decision rule
 of :mod:`posenc.analysis.decision` (its unit the training run, the test sentences a second
 noise) on BLEU and on chrF; one family of comparisons corrected at once with Holm's method; a
 quality floor per comparison (both systems above it, or nothing is tested); BLEU and chrF
