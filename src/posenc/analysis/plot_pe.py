@@ -53,6 +53,7 @@ from posenc.model.encodings.base import AttentionCall, AttentionRule, EncodingMo
 from posenc.model.factory import build_named_model, load_run_model, select_encodings
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime.checkpoint import CheckpointError
+from posenc.runtime.rundir import RunDir
 from posenc.runtime.untrusted import read_config
 
 ROTARY_SAMPLES = 512
@@ -426,7 +427,7 @@ def plot_run(
         UntrustedFileError, DataError, CheckpointError: a file of the run is missing or not
             what posenc writes (one line naming it).
     """
-    cfg = read_config(run_dir / "config.yaml")
+    cfg = read_config(RunDir(run_dir).config)
     _, model, step, path = load_run_model(run_dir, cfg, which, torch.device("cpu"))
     source = f"trained: {path} (step {step})"
     view = encoding_view(cfg.pe.name, length, model, 0, source)

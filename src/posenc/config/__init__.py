@@ -31,38 +31,18 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-#: the repository's Hydra configs (``configs/``)
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+from posenc.config.roles import Role, keys_with
+
+#: the Hydra configs, shipped inside the package (``src/posenc/configs``, which the checkout's
+#: ``configs/`` links to), so that an installed wheel finds them too
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 #: settings that change how or where a run executes, never what it computes: runs that differ only
 #: in these are the same system (the report groups them as seeds of one encoding)
-RUN_CONTROL_KEYS = frozenset(
-    {
-        "seed",
-        "name",
-        "cache_dir",
-        "device",
-        "threads",
-        "objective",
-        "reference_pe",
-        "trainer.resume",
-        "trainer.progress",
-        "trainer.log_every",
-        "trainer.compile",
-        "trainer.nan_policy",
-        "trainer.nan_skip_limit",
-        "eval.splits",
-        "logger.csv",
-        "logger.mlflow",
-        "logger.mlflow_uri",
-        "logger.wandb",
-        "logger.wandb_mode",
-        "logger.wandb_project",
-    }
-)
+RUN_CONTROL_KEYS = keys_with(Role.RUN_CONTROL)
 #: settings no result depends on, left out of reports: where this machine keeps the data, the
 #: vocabulary file and the tokenizer cache (the files themselves are named by other settings)
-UNREPORTED_KEYS = frozenset({"cache_dir", "data.dir", "tokenizer.vocab_file", "logger.mlflow_uri"})
+UNREPORTED_KEYS = keys_with(Role.UNREPORTED)
 #: the training length limits a configuration can set, with the unit each counts in (the report
 #: draws them on its length-bucket figure)
 LENGTH_LIMITS = {

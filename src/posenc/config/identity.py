@@ -12,16 +12,18 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from posenc.config import RUN_CONTROL_KEYS, flatten, plain
+from posenc.config.roles import Role, keys_with
 
 IDENTITY_GROUPS = ("pe", "model", "tokenizer")
-PATH_KEYS = frozenset({"tokenizer.vocab_file"})
+#: settings of those groups left out of the model's identity (:mod:`posenc.config.roles`)
+PATH_KEYS = keys_with(Role.NOT_MODEL)
 #: settings that bound how long a run trains, not what it computes: raising one continues the
 #: same run in the same directory
-BUDGET_KEYS = frozenset({"trainer.max_steps", "trainer.max_time", "trainer.patience"})
+BUDGET_KEYS = keys_with(Role.BUDGET)
 #: settings that name a file or directory: part of a run's identity as the real path they name
-FILE_SETTINGS = frozenset({"data.dir", "tokenizer.vocab_file", "trainer.init_from"})
+FILE_SETTINGS = keys_with(Role.FILE)
 #: evaluation settings that change nothing an evaluation reports
-EVAL_RUN_CONTROL = frozenset({"eval.enabled", "eval.bertscore.batch_size"})
+EVAL_RUN_CONTROL = keys_with(Role.EVAL_CONTROL)
 
 
 def identity(config: Mapping[str, Any]) -> dict[str, Any]:

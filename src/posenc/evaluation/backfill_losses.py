@@ -22,7 +22,7 @@ from posenc.evaluation.evaluate import evaluated_part, scored_losses
 from posenc.evaluation.sentence_losses import losses_file, write_losses
 from posenc.model.factory import load_run_model, variant_model
 from posenc.runtime.checkpoint import CheckpointError
-from posenc.runtime.rundir import find_run_dirs
+from posenc.runtime.rundir import RunDir, find_run_dirs
 
 #: how far the recomputed loss may be from the recorded one (kept to 5 decimals; another thread
 #: count sums in another order, which moves the 6th)
@@ -50,7 +50,8 @@ def backfill(
         BackfillError: the evaluation averaged checkpoints or used the EMA, its checkpoint is at
             another step than the evaluated one, or a recomputed split differs (one line).
     """
-    metrics_path = results / "metrics.json"
+    files = RunDir(results)
+    metrics_path = files.metrics_file
     if not metrics_path.is_file():
         return []  # not evaluated (yet): its evaluation will write the file
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
@@ -71,9 +72,9 @@ def backfill(
             f"{results}: its evaluation averaged checkpoints or used the EMA weights, which this "
             "does not rebuild; evaluate it again (python -m posenc.evaluation) instead"
         )
-    standalone = (results / "eval_config.yaml").is_file()
+    standalone = files.eval_config.is_file()
     run = results.parent.parent if standalone else results
-    cfg = OmegaConf.load(results / ("eval_config.yaml" if standalone else "config.yaml"))
+    cfg = OmegaConf.load(files.eval_config if standalone else files.config)
     which = Path(str(metrics.get("checkpoint", ""))).stem
     tokenizer, model, step, _ = load_run_model(run, cfg, which, device)
     if step != metrics.get("step"):

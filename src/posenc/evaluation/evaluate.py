@@ -41,7 +41,7 @@ from posenc.runtime.averaging import last_step_checkpoints
 from posenc.runtime.checkpoint import step_checkpoints
 from posenc.runtime.device import resolve_device
 from posenc.runtime.files import replacing, write_json, write_text
-from posenc.runtime.rundir import RunDir, as_run_dir
+from posenc.runtime.rundir import EVALUATION_FILES, RunDir, as_run_dir
 from posenc.training.losses import sentence_losses
 
 log = logging.getLogger("posenc.evaluation.evaluate")
@@ -86,8 +86,8 @@ def evaluate_split(
     targets = tokenizer.encode_batch(corpus.tgt)
     ids, seconds = translate(model, tokenizer, sources, decoding, device)
     hypotheses = tokenizer.decode_batch(ids)
-    write_text(out_dir / f"hypotheses.{split}.txt", "\n".join(hypotheses) + "\n")
-    write_text(out_dir / f"references.{split}.txt", "\n".join(corpus.tgt) + "\n")
+    write_text(RunDir(out_dir).hypotheses(split), "\n".join(hypotheses) + "\n")
+    write_text(RunDir(out_dir).references(split), "\n".join(corpus.tgt) + "\n")
     losses = scored_losses(model, tokenizer, sources, targets, eval_cfg, device)
     write_losses(losses_file(out_dir, split), losses)
     generated = sum(len(row) + 1 for row in ids)
@@ -135,15 +135,6 @@ def evaluate_split(
     return result
 
 
-EVALUATION_FILES = (
-    "metrics.json",
-    "hypotheses.*.txt",
-    "references.*.txt",
-    "losses.*.tsv",
-    "attention.*",
-)
-
-
 def average_last(cfg: DictConfig) -> int:
     """How many step checkpoints evaluation averages (``eval.average_last``; 1, no averaging,
     for a run saved before the setting existed)."""
@@ -189,7 +180,7 @@ def archive_evaluation(run_dir: RunDir, config: DictConfig) -> Path:
     for pattern in EVALUATION_FILES:
         for path in run_dir.path.glob(pattern):
             path.replace(target / path.name)
-    OmegaConf.save(config, target / "eval_config.yaml", resolve=True)
+    OmegaConf.save(config, RunDir(target).eval_config, resolve=True)
     return target
 
 
@@ -284,7 +275,7 @@ def evaluate(
     summary = run_dir.summary()
     if summary is not None:
         metrics["train"] = summary
-    write_json(out_dir / "metrics.json", metrics)
+    write_json(RunDir(out_dir).metrics_file, metrics)
     return metrics
 
 
@@ -301,12 +292,12 @@ def _save_attention_example(
     """Layer-0 attention of the first sentence pair of ``corpus`` -> npz and PNG in
     ``out_dir``; also to the TensorBoard of run ``log_to`` when given."""
     maps = example_attention(model, tokenizer, corpus.src[0], corpus.tgt[0], device)
-    with replacing(out_dir / "attention.npz", "wb") as handle:
+    with replacing(RunDir(out_dir).attention("npz"), "wb") as handle:
         np.savez_compressed(handle, **maps)
     image = plot_attention(
         maps,
         f"{cfg.pe.name}: layer-0 attention on '{corpus.src[0][:60]}'",
-        out_dir / "attention.png",
+        RunDir(out_dir).attention("png"),
     )
     if log_to is not None:
         log_to.logger(resume_step=step, resume_seconds=1e12).image(

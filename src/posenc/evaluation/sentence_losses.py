@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posenc.runtime.files import write_text
+from posenc.runtime.rundir import RunDir
 
 HEADER = ("source_tokens", "nll", "target_tokens")
 
 
 def losses_file(directory: Path, split: str) -> Path:
     """Where an evaluation in ``directory`` keeps ``split``'s sentence losses."""
-    return directory / f"losses.{split}.tsv"
+    return RunDir(directory).losses(split)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     )
     overrides = [f"++{o}" if o.split("=", 1)[0] in added else o for o in overrides]
     try:
-        saved = read_config(run_dir / "config.yaml")  # limits first: Hydra reads it next
+        saved = read_config(RunDir(run_dir).config)  # limits first: Hydra reads it next
         with initialize_config_dir(str(run_dir.resolve()), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
         check_types(OmegaConf.to_container(cfg, resolve=True))
@@ -139,10 +139,10 @@ def evaluation_dir(
     items = sorted([*scored, *ensemble, f"step={step}"])
     name = re.sub(r"[^\w.=,+\-{}:\[\]]", "_", ",".join(items))
     settings = {**identity(cfg), **evaluation_identity(cfg)}
-    readable = run_dir / "evals" / cut_name(name, "")
+    readable = RunDir(run_dir).evals / cut_name(name, "")
     if _made_with(readable, cfg) in (None, True):
         return readable
-    return run_dir / "evals" / cut_name(name, "@" + digest(settings))
+    return RunDir(run_dir).evals / cut_name(name, "@" + digest(settings))
 
 
 def ensemble_item(members: Sequence[dict]) -> str:
@@ -159,10 +159,10 @@ def ensemble_item(members: Sequence[dict]) -> str:
 def _made_with(directory: Path, cfg: DictConfig) -> bool | None:
     """Whether the evaluation in ``directory`` was made with ``cfg``'s settings (its
     ``eval_config.yaml``); None when it holds no finished evaluation."""
-    if not (directory / "metrics.json").is_file():
+    if not RunDir(directory).metrics_file.is_file():
         return None
     try:
-        made = read_config(directory / "eval_config.yaml")
+        made = read_config(RunDir(directory).eval_config)
     except UntrustedFileError:
         return False
     return not (differences(made, cfg) or differences(made, cfg, of=evaluation_identity))
@@ -171,15 +171,15 @@ def _made_with(directory: Path, cfg: DictConfig) -> bool | None:
 def check_run_dir(run_dir: Path) -> None:
     """SystemExit (one line) unless ``run_dir`` is a posenc run that did not fail and holds no
     symbolic link leading out of it."""
-    if not (run_dir / "config.yaml").exists():
-        raise SystemExit(f"{run_dir / 'config.yaml'} not found: is {run_dir} a posenc run?")
+    if not RunDir(run_dir).config.exists():
+        raise SystemExit(f"{RunDir(run_dir).config} not found: is {run_dir} a posenc run?")
     try:
         refuse_links_leaving(run_dir)
     except LinkRefused as err:
         raise SystemExit(str(err)) from None
-    if (run_dir / "failed.json").exists():
+    if RunDir(run_dir).failure_file.exists():
         try:
-            failed = _checked(run_dir / "failed.json", untrusted.check_failure)
+            failed = _checked(RunDir(run_dir).failure_file, untrusted.check_failure)
         except UntrustedFileError as err:
             raise SystemExit(str(err)) from None
         raise SystemExit(
@@ -235,7 +235,7 @@ def load_runs(run_dirs: list[Path], configs: list[DictConfig]) -> tuple[tuple, l
     checkpoint. And each run's ``run``, ``pe``, ``checkpoint`` and ``step``. ValueError (one
     line) for runs whose tokenizers differ; SystemExit (one line) for a missing checkpoint."""
     if len(run_dirs) > 1:
-        tokenizers = [load_tokenizer(run_dir / "tokenizer") for run_dir in run_dirs]
+        tokenizers = [load_tokenizer(RunDir(run_dir).tokenizer) for run_dir in run_dirs]
         check_same_vocabulary(tokenizers, [str(run_dir) for run_dir in run_dirs])
     loaded = [load_checked(run_dir, cfg) for run_dir, cfg in zip(run_dirs, configs, strict=True)]
     members = [
@@ -264,7 +264,7 @@ def evaluate_into(
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name[:100]}.", dir=out_dir.parent))
     try:
         metrics = evaluate(cfg, run_dir, work, loaded, about)
-        OmegaConf.save(cfg, work / "eval_config.yaml")
+        OmegaConf.save(cfg, RunDir(work).eval_config)
         if out_dir.exists():  # an earlier attempt's failed.json, nothing else
             shutil.rmtree(out_dir)
         work.rename(out_dir)
@@ -302,12 +302,12 @@ def _main(args: list[str]) -> None:
     about = None
     if len(members) > 1:
         about = {"pe": "+".join(m["pe"] for m in members), "ensemble": members}
-    (run_dir / "evals").mkdir(exist_ok=True)
-    with run_lock(run_dir / "evals", "evaluation"):
+    RunDir(run_dir).evals.mkdir(exist_ok=True)
+    with run_lock(RunDir(run_dir).evals, "evaluation"):
         out_dir = evaluation_dir(run_dir, overrides, loaded[2], cfg, members)
         if _made_with(out_dir, cfg):
             log.info("%s holds this evaluation already; delete it to evaluate again", out_dir)
-            metrics = _checked(out_dir / "metrics.json", untrusted.check_metrics)
+            metrics = _checked(RunDir(out_dir).metrics_file, untrusted.check_metrics)
         else:
             metrics = evaluate_into(cfg, run_dir, out_dir, loaded, about)
             log.info("results in %s", out_dir)

@@ -17,6 +17,7 @@ from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.model.encodings import encoding_factory
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime import averaging, checkpoint
+from posenc.runtime.rundir import RunDir
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -96,8 +97,8 @@ def checkpoint_path(run_dir: Path, which: str) -> Path:
         CheckpointError: ``best.pt`` is stale and no checkpoint holds the best step (one line).
     """
     if which == "best":
-        return checkpoint.best_checkpoint(run_dir / "checkpoints")
-    return run_dir / "checkpoints" / f"{which}.pt"
+        return checkpoint.best_checkpoint(RunDir(run_dir).checkpoints)
+    return RunDir(run_dir).checkpoints / f"{which}.pt"
 
 
 def load_run_model(
@@ -118,9 +119,9 @@ def load_run_model(
             ``model`` or ``tokenizer`` settings than ``cfg``'s, holds no EMA when ``ema``, or
             its weights do not fit (one line).
     """
-    tokenizer = load_tokenizer(run_dir / "tokenizer")
+    tokenizer = load_tokenizer(RunDir(run_dir).tokenizer)
     if average_last > 1:
-        paths = averaging.last_step_checkpoints(run_dir / "checkpoints", average_last)
+        paths = averaging.last_step_checkpoints(RunDir(run_dir).checkpoints, average_last)
         path, weights = paths[-1], averaging.averaged_weights(paths, ema)
         payload = checkpoint.load(path)
     else:

@@ -22,6 +22,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from posenc.config import CONFIG_DIR, Setting, flatten
+from posenc.runtime.rundir import RunDir
 
 #: the environment variable that shows the traceback of an unforeseen exception
 FULL_ERROR = "POSENC_FULL_ERROR"
@@ -226,7 +227,7 @@ def _saved_config(args: list[str]) -> dict[str, Any] | None:
     if not run_dir:
         return None
     try:
-        saved = yaml.safe_load((Path(run_dir).expanduser() / "config.yaml").read_text())
+        saved = yaml.safe_load(RunDir(Path(run_dir).expanduser()).config.read_text())
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
         return None
     return flatten(saved) if isinstance(saved, dict) else None

@@ -1,10 +1,12 @@
 """The run directory: where each of a run's files lives, and its one TensorBoard logger.
 
 ``RUN/config.yaml`` the resolved configuration; ``tokenizer/``; ``checkpoints/{last,previous,
-best}.pt``; ``tb/`` TensorBoard events; ``train_summary.json``; ``metrics.json`` with the
-hypothesis and reference files beside it; ``failed.json`` when the run ended in an error;
-``evals/`` earlier and standalone evaluations; ``.lock`` while a process trains there
-(:mod:`posenc.runtime.lock`). Files a reader may open at any moment are written atomically
+best}.pt``; ``tb/`` TensorBoard events (``scalars.csv`` too with ``logger.csv``);
+``train_summary.json``; ``metrics.json`` with the hypothesis and reference files beside it;
+``failed.json`` when the run ended in an error; ``evals/`` earlier and standalone evaluations,
+each a folder of the same result files and its ``eval_config.yaml``; ``.lock`` while a process
+trains there (:mod:`posenc.runtime.lock`). Code elsewhere names these files through
+:class:`RunDir`. Files a reader may open at any moment are written atomically
 (:mod:`posenc.runtime.files`).
 
 A run directory's name (:func:`run_dir_name`) is its overrides and the digest of everything it
@@ -19,13 +21,23 @@ from typing import Any
 
 from posenc.config.identity import digest, training_identity
 from posenc.runtime.files import write_json
-from posenc.runtime.sinks import ScalarSink
+from posenc.runtime.sinks import CSV_FILE, ScalarSink
 from posenc.runtime.tblog import RunLogger
 from posenc.runtime.untrusted import check_metrics, check_summary, read_json
 
+#: an evaluation's result files, by what they hold (``{}``: the split, or ``split.VARIANT``)
+HYPOTHESES, REFERENCES, LOSSES = "hypotheses.{}.txt", "references.{}.txt", "losses.{}.tsv"
+METRICS_FILE = "metrics.json"
+ATTENTION = "attention.{}"  #: its example attention map, ``npz`` and ``png``
+#: the patterns of every file an evaluation writes (moved together when it is archived)
+EVALUATION_FILES = tuple(
+    name.format("*") for name in (METRICS_FILE, HYPOTHESES, REFERENCES, LOSSES, ATTENTION)
+)
+
 
 class RunDir:
-    """One run directory. ``logger()`` opens the run's TensorBoard writer once per process (and
+    """One run directory (or one evaluation folder ``RUN/evals/NAME``, whose result files have
+    the same names). ``logger()`` opens the run's TensorBoard writer once per process (and
     only then truncates events left beyond a resumed step); every later caller (training,
     evaluation, the HParams entry) shares it until :meth:`close`."""
 
@@ -39,10 +51,29 @@ class RunDir:
     last = property(lambda self: self.checkpoints / "last.pt")
     best = property(lambda self: self.checkpoints / "best.pt")
     tb = property(lambda self: self.path / "tb")
+    scalars = property(lambda self: self.path / CSV_FILE)
+    eval_config = property(lambda self: self.path / "eval_config.yaml")  # an evaluation folder's
     summary_file = property(lambda self: self.path / "train_summary.json")
-    metrics_file = property(lambda self: self.path / "metrics.json")
+    metrics_file = property(lambda self: self.path / METRICS_FILE)
     failure_file = property(lambda self: self.path / "failed.json")
     evals = property(lambda self: self.path / "evals")
+
+    def hypotheses(self, split: str) -> Path:
+        """The detokenised translations of ``split`` (``split.VARIANT`` for a test-time
+        variant), one a line."""
+        return self.path / HYPOTHESES.format(split)
+
+    def references(self, split: str) -> Path:
+        """The references ``split`` was scored against, one a line."""
+        return self.path / REFERENCES.format(split)
+
+    def losses(self, split: str) -> Path:
+        """The sentence losses of ``split`` (:mod:`posenc.evaluation.sentence_losses`)."""
+        return self.path / LOSSES.format(split)
+
+    def attention(self, suffix: str) -> Path:
+        """The example attention map's ``npz`` (the maps) or ``png`` (the figure)."""
+        return self.path / ATTENTION.format(suffix)
 
     def summary(self) -> dict[str, Any] | None:
         """``train_summary.json``, or None when training has not finished (the file is missing).

@@ -42,6 +42,9 @@ TIME_PREFIX = "vs_train_seconds/"
 #: the same group as runs logged it before it was renamed; read as seconds too
 LEGACY_TIME_PREFIX = "time/"
 
+#: the CSV sink's file in the run directory (``logger.csv``)
+CSV_FILE = "scalars.csv"
+
 
 def is_time_tag(tag: str) -> bool:
     """Whether ``tag``'s step counts whole seconds of training (:data:`TIME_PREFIX`, or the
@@ -273,7 +276,7 @@ def open_sinks(
     sinks: list[ScalarSink] = []
     try:
         if settings.csv:
-            sinks.append(CsvSink(run_dir / "scalars.csv", resume_step, int(resume_seconds)))
+            sinks.append(CsvSink(run_dir / CSV_FILE, resume_step, int(resume_seconds)))
         if settings.mlflow:
             sinks.append(
                 MlflowSink(

@@ -12,12 +12,18 @@ from typing import Any
 
 import torch
 
-#: the checkout posenc runs from (``src/posenc/runtime/version.py`` -> the repository root)
-REPOSITORY = Path(__file__).resolve().parents[3]
+#: the checkout posenc runs from (``src/posenc/runtime/version.py`` -> the repository root), or
+#: None for an installed copy (whose folder may still lie inside some checkout, a virtual
+#: environment's say, whose commit is not the code's)
+REPOSITORY: Path | None = Path(__file__).resolve().parents[3]
+if not (REPOSITORY / "src" / "posenc" / "runtime" / "version.py").is_file():
+    REPOSITORY = None
 
 
 def _git(*args: str) -> str | None:
     """The output of ``git args`` in :data:`REPOSITORY`, or None without git or a checkout."""
+    if REPOSITORY is None:
+        return None
     try:
         done = subprocess.run(
             ["git", "-C", str(REPOSITORY), *args],

@@ -147,10 +147,11 @@ def read_curves(run_dir: Path) -> dict[str, Curve]:
     "train_steps": ..., "train_time": ...}``, the tags that exist; the last value of a step
     wins) from the run's TensorBoard events ``RUN/tb/``, or from ``RUN/scalars.csv`` when it has
     no events (a run archived as text); ``{}`` when neither can be read."""
-    if (run_dir / "tb").is_dir():
-        return _curves(_event_points(run_dir / "tb"))
-    if (run_dir / "scalars.csv").is_file():
-        return _curves(_csv_points(run_dir / "scalars.csv"))
+    files = RunDir(run_dir)
+    if files.tb.is_dir():
+        return _curves(_event_points(files.tb))
+    if files.scalars.is_file():
+        return _curves(_csv_points(files.scalars))
     return {}
 
 
@@ -223,7 +224,7 @@ def load_run(path: Path, sweep: Path, evaluation: str | None = None) -> Run:
     scores and no training summary."""
     name = str(path.relative_to(sweep)) if path != sweep else path.name
     try:
-        config = _settings(path / "config.yaml")
+        config = _settings(RunDir(path).config)
     except UntrustedFileError as err:  # a broken config is a failed run in the table, not a crash
         return Run(name, path, {}, FAILED, str(err))
     run = Run(name, path, config, curves=read_curves(path), results=path)
@@ -246,14 +247,14 @@ def evaluation_dir(run: Path, name: str) -> Path:
         UntrustedFileError: the pattern matches several folders of ``run``.
     """
     if not glob.has_magic(name):
-        return run / "evals" / name
-    found = sorted(p for p in (run / "evals").glob(name) if p.is_dir() and not p.is_symlink())
+        return RunDir(run).evals / name
+    found = sorted(p for p in RunDir(run).evals.glob(name) if p.is_dir() and not p.is_symlink())
     if len(found) > 1:
         names = ", ".join(p.name for p in found[:2])
         raise UntrustedFileError(
-            run / "evals", f"{name!r} matches {len(found)} evaluations ({names})", "name one"
+            RunDir(run).evals, f"{name!r} matches {len(found)} evaluations ({names})", "name one"
         )
-    return found[0] if found else run / "evals" / name
+    return found[0] if found else RunDir(run).evals / name
 
 
 def _settings(config_file: Path) -> dict[str, Any]:
@@ -278,12 +279,12 @@ def _read_status(run: Run, evaluation: str | None) -> None:
     Raises:
         UntrustedFileError: one of them is unreadable or not what posenc writes.
     """
-    run.train = _read_json(run.path / "train_summary.json", check_summary) or {}
-    failure = _read_json(run.path / "failed.json", check_failure)
+    run.train = _read_json(RunDir(run.path).summary_file, check_summary) or {}
+    failure = _read_json(RunDir(run.path).failure_file, check_failure)
     if failure is not None:
         run.status, run.message = FAILED, f"{failure['error']}: {failure['message']}"
         return
-    metrics = _read_json(run.results / "metrics.json", check_metrics)
+    metrics = _read_json(RunDir(run.results).metrics_file, check_metrics)
     if metrics is not None:
         run.status, run.metrics = DONE, metrics
         run.train = metrics.get("train") or run.train
@@ -309,7 +310,7 @@ def _evaluation_settings(results: Path) -> dict[str, Any]:
     Raises:
         UntrustedFileError: the file is there but unreadable or not posenc's.
     """
-    config_file = results / "eval_config.yaml"
+    config_file = RunDir(results).eval_config
     return _settings(config_file) if config_file.exists() else {}
 
 
@@ -426,8 +427,8 @@ def split_entries(groups: Sequence[Group], split: str) -> dict[str, list[Entry]]
                         group.label,
                         run,
                         scores,
-                        run.results / f"hypotheses.{split}.txt",
-                        run.results / f"references.{split}.txt",
+                        RunDir(run.results).hypotheses(split),
+                        RunDir(run.results).references(split),
                         losses_file(run.results, split),
                     )
                 )
@@ -440,8 +441,8 @@ def split_entries(groups: Sequence[Group], split: str) -> dict[str, list[Entry]]
                             system,
                             run,
                             v_scores,
-                            run.results / f"hypotheses.{split}.{name}.txt",
-                            run.results / f"references.{split}.txt",
+                            RunDir(run.results).hypotheses(f"{split}.{name}"),
+                            RunDir(run.results).references(split),
                             losses_file(run.results, f"{split}.{name}"),
                         )
                     )

@@ -31,6 +31,7 @@ from posenc.analysis.report.stats import COST_METRICS, cost_values, mean_std
 from posenc.config import UNREPORTED_KEYS
 from posenc.runtime import untrusted
 from posenc.runtime.files import replacing
+from posenc.runtime.rundir import RunDir
 from posenc.runtime.version import describe
 
 #: the line of the shared setup that holds the top-level keys (``device``, ``name``, ...)
@@ -427,9 +428,7 @@ def section_attention(w: Writer, groups: Sequence[Group]) -> None:
                 r
                 for r in group.runs
                 if r.status == DONE
-                and (
-                    (r.results / "attention.npz").exists() or (r.results / "attention.png").exists()
-                )
+                and any(RunDir(r.results).attention(kind).exists() for kind in ("npz", "png"))
             ),
             None,
         )
@@ -438,12 +437,11 @@ def section_attention(w: Writer, groups: Sequence[Group]) -> None:
             continue
         target = w.out / f"attention_{slug(group.label)}.png"
         try:
-            if (run.results / "attention.npz").exists():
-                render_attention(
-                    run.results / "attention.npz", f"{group.label}: {run.name}", target
-                )
+            files = RunDir(run.results)
+            if files.attention("npz").exists():
+                render_attention(files.attention("npz"), f"{group.label}: {run.name}", target)
             else:
-                png = untrusted.read_bytes(run.results / "attention.png", MAX_ATTENTION_BYTES)
+                png = untrusted.read_bytes(files.attention("png"), MAX_ATTENTION_BYTES)
                 with replacing(target, "wb") as handle:
                     handle.write(png)
         except Exception as err:  # one unreadable file must not stop the report
