@@ -26,7 +26,7 @@ from posenc.runtime.averaging import averaged_weights, last_step_checkpoints
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.rundir import run_dir_name
 from posenc.training.ema import WeightEMA
-from posenc.training.loop import check_config
+from posenc.training.setup import check_config
 
 TRAIN = (
     *SMOKE,

@@ -214,7 +214,7 @@ def test_test_time_encoding_variants_are_scored_with_the_trained_weights(tmp_pat
 
 def test_max_source_tokens_keeps_only_short_training_sources(tmp_path):
     from posenc.data.pools import PooledBatcher
-    from posenc.training.loop import prepare
+    from posenc.training.inputs import prepare
 
     _, data = prepare(compose(*SMOKE), tmp_path)
     short = PooledBatcher(data.train, 64, max_source_tokens=6)

@@ -38,7 +38,8 @@ from posenc.runtime.rundir import RunDir, check_run_name, run_dir_name
 from posenc.runtime.untrusted import UntrustedFileError, read_config
 from posenc.training.advice import TrainingError
 from posenc.training.interrupt import TrainingInterrupted
-from posenc.training.loop import check_config, train
+from posenc.training.loop import train
+from posenc.training.setup import check_config
 from posenc.training.start import RunMismatchError, Start, find_start
 from posenc.training.validation import Scorer
 

@@ -201,29 +201,42 @@ def evaluate(
     own = out_dir is None
     averaged_count = kept_for_averaging(cfg, run_dir) if own else average_last(cfg)
     if loaded is None:
+        device = resolve_device(cfg.device)
         loaded = load_run_model(
-            run_dir.path,
-            cfg,
-            cfg.eval.checkpoint,
-            resolve_device(cfg.device),
-            averaged_count,
-            use_ema(cfg),
+            run_dir.path, cfg, cfg.eval.checkpoint, device, averaged_count, use_ema(cfg)
         )
     tokenizer, model, step, path = loaded
-    device = next(model.parameters()).device
-    decoding = DecodeSettings.of(cfg)
+    if own:
+        _archive_other_step(run_dir, cfg, step)
     out_dir = run_dir.path if own else out_dir
-    earlier = run_dir.metrics() if own else None
-    if earlier is not None and earlier.get("step") != step:
-        target = archive_evaluation(run_dir, cfg)
-        log.info("the evaluation at step %s moved to %s", earlier.get("step"), target)
     out_dir.mkdir(parents=True, exist_ok=True)
     corpora = load_corpora(cfg.data, with_train=False)
     splits = eval_splits(cfg.eval.splits, corpora)
-    bertscore = BertScore(
-        cfg.eval.bertscore.model, cfg.eval.bertscore.layer, cfg.eval.bertscore.batch_size
-    )
-    metrics: dict[str, Any] = {
+    metrics = _header(cfg, run_dir, path, step, averaged_count, about)
+    metrics.update(_scored(cfg, model, tokenizer, corpora, splits, out_dir))
+    if isinstance(model, Seq2Seq):
+        log_to = run_dir if own else None
+        _save_attention_example(
+            model, tokenizer, corpora[splits[0]], cfg, out_dir, model_device(model), step, log_to
+        )
+    if (summary := run_dir.summary()) is not None:
+        metrics["train"] = summary
+    write_json(RunDir(out_dir).metrics_file, metrics)
+    return metrics
+
+
+def _header(
+    cfg: DictConfig,
+    run_dir: RunDir,
+    path: Path,
+    step: int,
+    averaged_count: int,
+    about: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What an evaluation evaluated: the encoding, the checkpoint and its step, ``splits`` to
+    fill, ``about`` as it is, the checkpoints averaged (``averaged``) or the EMA weights
+    (``weights``)."""
+    header: dict[str, Any] = {
         "pe": cfg.pe.name,
         "checkpoint": str(path.name),
         "step": step,
@@ -232,51 +245,71 @@ def evaluate(
     }
     if averaged_count > 1:
         averaged = last_step_checkpoints(run_dir.checkpoints, averaged_count)
-        metrics["averaged"] = [checkpoint.name for checkpoint in averaged]
+        header["averaged"] = [checkpoint.name for checkpoint in averaged]
     if use_ema(cfg):
-        metrics["weights"] = "ema"
-    for split in splits:
-        metrics["splits"][split] = evaluate_split(
-            model, tokenizer, corpora[split], cfg.eval, decoding, bertscore, device, out_dir, split
-        )
+        header["weights"] = "ema"
+    return header
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device ``model``'s weights sit on (where it decodes)."""
+    return next(model.parameters()).device
+
+
+def _archive_other_step(run_dir: RunDir, cfg: DictConfig, step: int) -> None:
+    """Move the run's own evaluation aside (:func:`archive_evaluation`) when it evaluated
+    another step than ``step``."""
+    earlier = run_dir.metrics()
+    if earlier is not None and earlier.get("step") != step:
+        target = archive_evaluation(run_dir, cfg)
+        log.info("the evaluation at step %s moved to %s", earlier.get("step"), target)
+
+
+def _scored(
+    cfg: DictConfig,
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    corpora: dict[str, Corpus],
+    splits: list[str],
+    out_dir: Path,
+) -> dict[str, Any]:
+    """``{"splits": {split: scores}}`` of the model on each split, and ``"variants"``: the same
+    for each test-time variant of ``eval.pe_variants``; their files written into ``out_dir``."""
+    device = model_device(model)
+    decoding = DecodeSettings.of(cfg)
+    bertscore = BertScore(
+        cfg.eval.bertscore.model, cfg.eval.bertscore.layer, cfg.eval.bertscore.batch_size
+    )
+
+    def scores(scored_model: torch.nn.Module, suffix: str = "") -> dict[str, Any]:
+        return {
+            split: evaluate_split(
+                scored_model,
+                tokenizer,
+                corpora[split],
+                cfg.eval,
+                decoding,
+                bertscore,
+                device,
+                out_dir,
+                split + suffix,
+            )
+            for split in splits
+        }
+
+    found: dict[str, Any] = {"splits": scores(model)}
     variants = cfg.eval.get("pe_variants") or {}
     if variants:
-        metrics["variants"] = {}
-    for name, overrides in variants.items():
-        variant = variant_model(cfg, overrides, model, tokenizer, device)
-        metrics["variants"][name] = {
-            "pe": dict(overrides),
-            "splits": {
-                split: evaluate_split(
-                    variant,
-                    tokenizer,
-                    corpora[split],
-                    cfg.eval,
-                    decoding,
-                    bertscore,
-                    device,
-                    out_dir,
-                    f"{split}.{name}",
-                )
-                for split in splits
-            },
+        found["variants"] = {
+            name: {
+                "pe": dict(overrides),
+                "splits": scores(
+                    variant_model(cfg, overrides, model, tokenizer, device), f".{name}"
+                ),
+            }
+            for name, overrides in variants.items()
         }
-    if isinstance(model, Seq2Seq):
-        _save_attention_example(
-            model,
-            tokenizer,
-            corpora[splits[0]],
-            cfg,
-            out_dir,
-            device,
-            step,
-            run_dir if own else None,
-        )
-    summary = run_dir.summary()
-    if summary is not None:
-        metrics["train"] = summary
-    write_json(RunDir(out_dir).metrics_file, metrics)
-    return metrics
+    return found
 
 
 def _save_attention_example(

@@ -16,127 +16,40 @@ import math
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
+from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from posenc.config import (
-    EvalConfig,
-    LoggerConfig,
-    TrainerConfig,
-    check_types,
-    reported_settings,
-)
 from posenc.data.batching import collate
-from posenc.data.pools import PooledBatcher
-from posenc.data.tokenizer import Tokenizer
-from posenc.model.factory import build_model
-from posenc.model.seq2seq import Seq2Seq, count_parameters
-from posenc.runtime import checkpoint, distributed
+from posenc.model.seq2seq import count_parameters
+from posenc.runtime import distributed
 from posenc.runtime.device import (
-    autocast_dtype,
-    keep_freed_memory,
     machine,
     memory_mb,
-    release_freed_memory,
-    resolve_device,
-    seed_everything,
 )
 from posenc.runtime.files import write_json
 from posenc.runtime.rundir import RunDir, as_run_dir
-from posenc.runtime.sinks import open_sinks
-from posenc.runtime.tblog import RunLogger
 from posenc.runtime.version import code_version
 from posenc.training import advice
 from posenc.training.advice import TrainingError
-from posenc.training.ema import WeightEMA, start_ema
-from posenc.training.inputs import EncodedData, prepare
 from posenc.training.interrupt import StopRequests, TrainingInterrupted, resume_command
 from posenc.training.losses import token_loss
-from posenc.training.optim import lr_factor, make_optimizer
+from posenc.training.setup import Training, set_up
 from posenc.training.start import (
     Start,
-    TrainState,
-    begin,
-    find_start,
-    rank_seed,
-    repair_best,
 )
 from posenc.training.steplog import StepWindow, log_line
 from posenc.training.validation import (
     Scorer,
-    ValidBleu,
-    check_best_metric,
     save,
     validate,
     validated_at,
 )
 
 log = logging.getLogger("posenc.training.loop")
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Refuse wrong types and impossible settings before any data is read: check the types and
-    ranges of :mod:`posenc.config`, then build a throw-away model and run it on three tokens."""
-    check_types(OmegaConf.to_container(cfg, resolve=True))
-    TrainerConfig.of(cfg.trainer)  # unknown keys (+trainer.KEY=...), with the closest known one
-    EvalConfig.of(cfg.eval)
-    LoggerConfig.of(cfg.get("logger") or {})
-    t = cfg.trainer
-    if t.max_steps is None and t.max_time is None:
-        raise ValueError("set a budget: trainer.max_steps and/or trainer.max_time (seconds)")
-    lr_factor(t.schedule, t.warmup_steps, t.max_steps or 100_000, t.min_lr_ratio)
-    if cfg.eval.get("weights") == "ema" and t.get("ema_decay") is None:
-        raise ValueError(
-            "eval.weights=ema scores the EMA of the weights, which training keeps only with "
-            "trainer.ema_decay: set it (e.g. trainer.ema_decay=0.999) or drop eval.weights=ema"
-        )
-    try:
-        model = build_model(cfg, vocab_size=8, pad_id=0, bos_id=1, eos_id=2)
-        with torch.no_grad():
-            model(torch.tensor([[3, 4, 2]]), torch.tensor([[1, 5, 6]]))
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"invalid configuration: {err}") from err
-
-
-@dataclass
-class Training:
-    """Everything one training run's functions share (built by :func:`set_up`)."""
-
-    cfg: DictConfig
-    trainer: TrainerConfig
-    run_dir: RunDir
-    device: torch.device
-    amp: torch.dtype | None
-    tokenizer: Tokenizer
-    data: EncodedData
-    model: Seq2Seq
-    trained: torch.nn.Module  # the model, or its DistributedDataParallel wrapper
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    state: TrainState
-    batcher: PooledBatcher
-    logger: RunLogger | None  # rank 0 only
-    progress: tqdm
-    world: int
-    saved_step: int  # the step of the newest checkpoint
-    valid_bleu: ValidBleu | None = None  # trainer.valid_bleu's subset and scorer
-    window: StepWindow = field(default_factory=StepWindow)
-    skipped_in_a_row: int = 0  # batches skipped in a row since the last step (nan_policy=skip)
-    memory_base_mb: float = 0.0  # memory held once the data was loaded (own_memory_mb's zero)
-    ema: WeightEMA | None = None  # trainer.ema_decay's EMA of the weights (rank 0 only)
-
-    def budget_spent(self) -> bool:
-        """The step or time budget is spent, or early stopping ended the run."""
-        return self.state.stopped_early or self.trainer.budget_spent(
-            self.state.step, self.state.train_seconds
-        )
 
 
 def train(
@@ -205,133 +118,6 @@ def interrupted(run: Training, signum: int) -> TrainingInterrupted:
         f"interrupted by {signal.Signals(signum).name} at step {state.step}: {where}; "
         f"resume with: {resume_command()}",
     )
-
-
-def set_up(
-    cfg: DictConfig, run_dir: RunDir, start: Start | None, scorer: Scorer | None = None
-) -> Training:
-    """Check the config, then build everything a run needs, restored from ``start`` (found here
-    when None): device, data, tokenizer, model, optimizer and schedule, batches, logger."""
-    check_config(cfg)
-    trainer = TrainerConfig.of(cfg.trainer)
-    check_best_metric(trainer, scorer)
-    if start is None:
-        start = find_start(cfg, run_dir)
-    main, rank, world = distributed.is_main(), distributed.rank(), distributed.world_size()
-    if main:
-        run_dir.path.mkdir(parents=True, exist_ok=True)
-        for stale in checkpoint.remove_stale(run_dir.checkpoints):
-            log.info("removed %s, left by a save that was killed", stale.name)
-    seed_everything(cfg.seed)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    device = distributed.local_device(resolve_device(cfg.device))
-    if device.type == "cpu":
-        keep_freed_memory()
-    else:  # the run's own peak, not an earlier job's in a reused sweep worker
-        torch.cuda.reset_peak_memory_stats(device)
-    tokenizer, data = prepare(cfg, run_dir)
-    memory_base_mb = release_freed_memory(device)
-    model = build_model(
-        cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-    ).to(device)
-    optimizer = make_optimizer(model, trainer.lr, trainer.betas, trainer.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lr_factor(
-            trainer.schedule,
-            trainer.warmup_steps,
-            trainer.max_steps or 100_000,
-            trainer.min_lr_ratio,
-        ),
-    )
-    state = begin(start, model, optimizer, scheduler, trainer, world)
-    ema = start_ema(trainer, model, start) if main else None
-    if main:
-        repair_best(start, state, run_dir)
-    if rank > 0:
-        torch.manual_seed(rank_seed(cfg.seed, rank, state.step))
-    trained = model
-    if distributed.is_distributed():
-        trained = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
-        )
-    if trainer.compile:
-        trained = torch.compile(trained)
-    batcher = PooledBatcher(
-        data.train,
-        trainer.max_tokens,
-        trainer.max_positions,
-        trainer.max_source_tokens,
-        seed=cfg.seed,
-        rank=rank,
-        world_size=world,
-        pool=trainer.batch_pool,
-    )
-    if batcher.dropped:
-        log.info(
-            "dropped %d training pairs over the length limits (max_positions=%s, "
-            "max_source_tokens=%s)",
-            batcher.dropped,
-            trainer.max_positions,
-            trainer.max_source_tokens,
-        )
-    log.info(
-        "model: %s parameters; pe=%s; device=%s; effective batch <= %d tokens "
-        "(max_tokens %d x accumulate %d x %d processes)",
-        f"{count_parameters(model):,}",
-        cfg.pe.name,
-        device,
-        trainer.max_tokens * trainer.accumulate * world,
-        trainer.max_tokens,
-        trainer.accumulate,
-        world,
-    )
-    model.train()
-    progress = tqdm(
-        total=trainer.max_steps,
-        initial=state.step,
-        disable=not (trainer.progress and main),
-        desc=f"{cfg.pe.name}",
-        dynamic_ncols=True,
-    )
-    return Training(
-        cfg=cfg,
-        trainer=trainer,
-        run_dir=run_dir,
-        device=device,
-        amp=autocast_dtype(trainer.precision, device),
-        tokenizer=tokenizer,
-        data=data,
-        model=model,
-        trained=trained,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        ema=ema,
-        state=state,
-        batcher=batcher,
-        logger=_open_logger(cfg, run_dir, state) if main else None,
-        progress=progress,
-        world=world,
-        saved_step=state.step,
-        memory_base_mb=memory_base_mb,
-        valid_bleu=ValidBleu.of(scorer, data.valid_src, data.valid_refs, trainer.valid_bleu)
-        if scorer is not None and trainer.valid_bleu
-        else None,
-    )
-
-
-def _open_logger(cfg: DictConfig, run_dir: RunDir, state: TrainState) -> RunLogger:
-    """The run's TensorBoard logger with the sinks ``logger.*`` switches on."""
-    sinks = open_sinks(
-        LoggerConfig.of(cfg.get("logger") or {}),
-        run_dir.path,
-        cfg.name,
-        reported_settings(cfg),
-        state.step,
-        state.train_seconds,
-    )
-    return run_dir.logger(state.step, state.train_seconds, sinks)
 
 
 def step_groups(run: Training) -> Iterator[list[list[int]]]:

@@ -32,7 +32,7 @@ from posenc.training.losses import validation_loss
 from posenc.training.start import TrainState, checkpoint_payload
 
 if TYPE_CHECKING:
-    from posenc.training.loop import Training
+    from posenc.training.setup import Training
 
 log = logging.getLogger("posenc.training.loop")
 
