@@ -17,7 +17,7 @@ from pathlib import Path
 from posenc.analysis.alignment import probe
 from posenc.analysis.report.runs import group_runs, load_run
 from posenc.api import load_run as load_trained
-from posenc.data.corpora import load_corpora
+from posenc.data.splits import load_corpora
 from posenc.runtime.files import write_text
 from posenc.runtime.rundir import find_run_dirs
 

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 import posenc
 from posenc.analysis.alignment import monotonicity, probe
 from posenc.data.batching import collate
-from posenc.data.corpora import load_corpora
+from posenc.data.splits import load_corpora
 from posenc.job import run
 
 

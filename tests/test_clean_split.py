@@ -15,7 +15,7 @@ from posenc.analysis.report.build import build_report
 from posenc.analysis.report.clean import clean_entries
 from posenc.analysis.report.runs import DONE, Group, ReportError, Run
 from posenc.config import flatten
-from posenc.data.corpora import load_corpora
+from posenc.data.splits import load_corpora
 from posenc.evaluation.metrics import corpus_scores
 
 SIZE = 20

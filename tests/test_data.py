@@ -13,8 +13,8 @@ from conftest import SHARED_DATA, clean_pairs, sentences, write_pair
 from omegaconf import OmegaConf
 
 from posenc.data.batching import TokenBatcher, collate
-from posenc.data.corpora import eval_splits, load_corpora, training_stream
 from posenc.data.corpus import Corpus, DataError, resolve_path
+from posenc.data.splits import eval_splits, load_corpora, training_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,7 +95,7 @@ def local_config(directory: Path, **overrides) -> dict:
 
 
 def test_local_loader_reads_aligned_files_and_drops_empty_lines(local_dir, caplog):
-    with caplog.at_level(logging.INFO, logger="posenc.data.corpora"):
+    with caplog.at_level(logging.INFO, logger="posenc.data.splits"):
         corpora = load_corpora(local_config(local_dir, extra_tests={"news": "corpus/news"}))
     assert {k: len(v) for k, v in corpora.items()} == {
         "train": 70,
@@ -206,7 +206,7 @@ def test_holdout_sets_are_cut_out_of_training_and_none_of_their_sources_is_train
     src, tgt = sentences(60, 1), sentences(60, 2)
     write_pair(local_dir, "corpus/train", [*src, src[0]], [*tgt, "another translation"])
     holdout = {"inside": {"stem": "corpus/train", "size": 20}}
-    with caplog.at_level(logging.INFO, logger="posenc.data.corpora"):
+    with caplog.at_level(logging.INFO, logger="posenc.data.splits"):
         corpora = load_corpora(local_config(local_dir, holdout=holdout, clean=None))
     inside = corpora["inside"]
     assert len(inside) == 20 and len(set(inside.src)) == 20
@@ -467,7 +467,7 @@ def test_unshuffled_batches_follow_length_order():
 
 
 def test_an_oversized_example_gets_its_own_batch(caplog):
-    with caplog.at_level(logging.WARNING, logger="posenc.data.corpora"):
+    with caplog.at_level(logging.WARNING, logger="posenc.data.splits"):
         batcher = TokenBatcher([3, 3, 90, 3], [3, 3, 3, 3], max_tokens=20, shuffle=False)
     assert batcher.batches(0) == [[0, 1, 3], [2]]
     assert "1 examples alone exceed max_tokens=20" in caplog.text

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from posenc.data.batching import TokenBatcher, collate
-from posenc.data.corpora import load_corpora, read_lines
 from posenc.data.corpus import Corpus, DataError
+from posenc.data.splits import load_corpora, read_lines
 from posenc.data.streams import MAX_LINE_CHARS
 from posenc.data.tokenizer import Tokenizer, build_tokenizer
 
@@ -45,7 +45,7 @@ def write(directory: Path, stem: str, src: list[str], tgt: list[str]) -> None:
 def test_control_characters_are_removed_and_counted(tmp_path, caplog):
     src = ["Un\x00 deux\x1b[31m trois", "quatre\tcinq\rsix", "sept\x07", "huit"]
     write(tmp_path, "x", src, ["one", "two", "three", "four"])
-    with caplog.at_level(logging.WARNING, logger="posenc.data.corpora"):
+    with caplog.at_level(logging.WARNING, logger="posenc.data.splits"):
         corpora = load_corpora(local_config(tmp_path))
     assert corpora["test"].src == ["Un deux[31m trois", "quatre cinq six", "sept", "huit"]
     assert f"{tmp_path / 'x.fr'}: removed control characters from 2 lines" in caplog.text
@@ -54,12 +54,12 @@ def test_control_characters_are_removed_and_counted(tmp_path, caplog):
 def test_absurdly_long_lines_are_dropped_from_held_out_splits_and_counted(tmp_path, caplog):
     long = "mot " * (MAX_LINE_CHARS // 4 + 1)
     write(tmp_path, "x", ["court", long, "aussi court"], ["short", "long", "also short"])
-    with caplog.at_level(logging.INFO, logger="posenc.data.corpora"):
+    with caplog.at_level(logging.INFO, logger="posenc.data.splits"):
         corpora = load_corpora(local_config(tmp_path))
     assert corpora["test"].src == ["court", "aussi court"]
     assert f"test: dropped 1 pairs with a side over {MAX_LINE_CHARS} characters" in caplog.text
     clean = {"min_words": 1, "max_words": 80, "max_ratio": 3.0, "dedup": True}
-    with caplog.at_level(logging.INFO, logger="posenc.data.corpora"):
+    with caplog.at_level(logging.INFO, logger="posenc.data.splits"):
         cleaned = load_corpora(local_config(tmp_path, clean))
     assert sorted(cleaned["train"].src) == ["aussi court", "court"]  # too many words
     assert "1 length" in caplog.text

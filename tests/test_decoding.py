@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 from conftest import PE_NAMES, tiny_model
 
-from posenc.evaluation.decode import DecodeSettings, translate
+from posenc.evaluation.decode import DecodeSettings, decode_sources
 
 SPECIALS = SimpleNamespace(pad_id=0, bos_id=1, eos_id=2)
 """What decoding needs of a tokenizer: its special ids."""
@@ -25,8 +25,10 @@ def test_beam_translations_come_back_in_input_order_whatever_the_batches():
     model = tiny_model(PE_NAMES[0]).double().eval()
     sources = sentences()
     settings = DecodeSettings(batch_tokens=12, max_len_a=1.0, max_len_b=4, beam_size=3, lenpen=0.6)
-    batched, _ = translate(model, SPECIALS, sources, settings, CPU)
-    one_batch, _ = translate(model, SPECIALS, sources, replace(settings, batch_tokens=999), CPU)
+    batched, _ = decode_sources(model, SPECIALS, sources, settings, CPU)
+    one_batch, _ = decode_sources(
+        model, SPECIALS, sources, replace(settings, batch_tokens=999), CPU
+    )
     alone = [
         model.generate(torch.tensor([[*s, 2]]), 1.0, 4, beam_size=3, lenpen=0.6)[0] for s in sources
     ]
@@ -37,9 +39,9 @@ def test_the_progress_bar_writes_to_stderr_and_changes_no_translation(capsys):
     model = tiny_model(PE_NAMES[0]).eval()
     sources = sentences()
     quiet = DecodeSettings(batch_tokens=12, max_len_a=1.0, max_len_b=4)
-    without, _ = translate(model, SPECIALS, sources, quiet, CPU)
+    without, _ = decode_sources(model, SPECIALS, sources, quiet, CPU)
     silent = capsys.readouterr()
-    with_bar, _ = translate(model, SPECIALS, sources, replace(quiet, progress=True), CPU)
+    with_bar, _ = decode_sources(model, SPECIALS, sources, replace(quiet, progress=True), CPU)
     shown = capsys.readouterr()
     assert with_bar == without
     assert silent.err == silent.out == shown.out == ""

@@ -21,9 +21,9 @@ from conftest import SMOKE, compose, tiny_model
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from posenc.data.corpora import load_corpora
+from posenc.data.splits import load_corpora
 from posenc.data.tokenizer import load_tokenizer
-from posenc.evaluation.decode import DecodeSettings, translate
+from posenc.evaluation.decode import DecodeSettings, decode_sources
 from posenc.evaluation.standalone import compose_run_config
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
@@ -211,7 +211,7 @@ def test_translate_with_two_runs_decodes_their_ensemble(runs, tmp_path, beam):
     cfg = compose_run_config(first, [f"eval.beam_size={beam}"])
     loaded = [load_run_model(d, OmegaConf.load(d / "config.yaml"), "best", CPU) for d in runs]
     tokenizer, ensemble = loaded[0][0], Ensemble([one[1] for one in loaded])
-    ids, _ = translate(
+    ids, _ = decode_sources(
         ensemble, tokenizer, tokenizer.encode_batch(lines), DecodeSettings.of(cfg), CPU
     )
     expected = tokenizer.decode_batch(ids)

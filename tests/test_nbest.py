@@ -21,8 +21,8 @@ from omegaconf import OmegaConf
 from torch import Tensor
 
 from posenc.config import SAMPLING_KEYS
-from posenc.data.corpora import load_corpora
-from posenc.evaluation.decode import DecodeSettings, translate, translate_nbest
+from posenc.data.splits import load_corpora
+from posenc.evaluation.decode import DecodeSettings, decode_nbest, decode_sources
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
 from posenc.model.search import beam_search
@@ -99,11 +99,11 @@ def test_nbest_lists_come_back_in_input_order_whatever_the_batches():
     model = tiny_model("rope").double().eval()
     sources = [torch.randint(3, 40, (n,)).tolist() for n in (7, 2, 9, 4, 1, 6)]
     settings = DecodeSettings(batch_tokens=12, max_len_a=1.0, max_len_b=4, beam_size=3)
-    batched, _ = translate_nbest(model, SPECIALS, sources, settings, CPU, 2)
-    one_batch, _ = translate_nbest(
+    batched, _ = decode_nbest(model, SPECIALS, sources, settings, CPU, 2)
+    one_batch, _ = decode_nbest(
         model, SPECIALS, sources, DecodeSettings(999, 1.0, 4, beam_size=3), CPU, 2
     )
-    best, _ = translate(model, SPECIALS, sources, settings, CPU)
+    best, _ = decode_sources(model, SPECIALS, sources, settings, CPU)
     assert [[h.tokens for h in hs] for hs in batched] == [
         [h.tokens for h in hs] for hs in one_batch
     ]
@@ -122,7 +122,7 @@ def test_an_nbest_list_longer_than_the_beam_is_refused(nbest, beam, message):
     model = tiny_model("rope").eval()
     settings = DecodeSettings(batch_tokens=12, max_len_a=1.0, max_len_b=4, beam_size=beam)
     with pytest.raises(ValueError, match="^" + re.escape(message)):
-        translate_nbest(model, SPECIALS, [[3, 4]], settings, CPU, nbest)
+        decode_nbest(model, SPECIALS, [[3, 4]], settings, CPU, nbest)
     with pytest.raises(ValueError, match=rf"^nbest={nbest} must be in \[1, beam_size={beam}\]"):
         model.nbest(torch.tensor([[3, 4, EOS]]), nbest, beam)
 

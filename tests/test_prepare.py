@@ -16,9 +16,9 @@ from conftest import ROOT, SMOKE, compose, pythonpath, sentences
 
 import posenc.data.prepare as prepare_module
 import posenc.data.streams as streams
-from posenc.data.corpora import load_corpora
 from posenc.data.corpus import DataError
 from posenc.data.prepare import prepared_store
+from posenc.data.splits import load_corpora
 from posenc.data.store import open_store, prepared, store_key
 from posenc.data.tokenizer import build_tokenizer, load_tokenizer
 from posenc.job import run

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from posenc.config import SAMPLING_KEYS, EvalConfig, check_types
 from posenc.config.identity import evaluation_identity
-from posenc.evaluation.decode import DecodeSettings, translate
+from posenc.evaluation.decode import DecodeSettings, decode_sources
 from posenc.model.sampling import Sampling, filter_logits, inverse_cdf
 
 PAD, BOS, EOS = 0, 1, 2
@@ -202,10 +202,14 @@ def test_a_sentence_draws_the_same_tokens_in_any_batch():
     assert together == [rows[0] for rows in alone]
     sources = [torch.randint(3, 40, (n,)).tolist() for n in (7, 2, 9, 4, 1, 6)]
     settings = DecodeSettings(batch_tokens=12, max_len_a=1.0, max_len_b=4, sampling=sampling)
-    batched, _ = translate(model, SPECIALS, sources, settings, CPU)
-    one_batch, _ = translate(model, SPECIALS, sources, replace(settings, batch_tokens=999), CPU)
+    batched, _ = decode_sources(model, SPECIALS, sources, settings, CPU)
+    one_batch, _ = decode_sources(
+        model, SPECIALS, sources, replace(settings, batch_tokens=999), CPU
+    )
     assert batched == one_batch
-    shifted, _ = translate(model, SPECIALS, sources[1:], settings, CPU, sentence_ids=range(1, 6))
+    shifted, _ = decode_sources(
+        model, SPECIALS, sources[1:], settings, CPU, sentence_ids=range(1, 6)
+    )
     assert shifted == batched[1:]
 
 

@@ -47,7 +47,7 @@ def test_a_store_gives_back_every_pair_and_keeps_what_the_length_limits_keep(tmp
 
 def test_limits_select_the_rows_and_order_encode_pairs_keeps(tmp_path):
     cfg = compose(*SMOKE)
-    from posenc.data.corpora import load_corpora
+    from posenc.data.splits import load_corpora
 
     run(compose(*OVERRIDES, "eval.enabled=false"), tmp_path / "run")
     tokenizer = load_tokenizer(tmp_path / "run" / "tokenizer")

@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 import posenc.data.bpe as bpe_module
 import posenc.data.tokenizer as tokenizer_module
-from posenc.data.corpora import load_corpora
 from posenc.data.corpus import Corpus, DataError
+from posenc.data.splits import load_corpora
 from posenc.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
 from posenc.data.toy import toy_word
 

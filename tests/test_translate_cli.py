@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, SMOKE, compose
 from omegaconf import OmegaConf
 
-from posenc.data.corpora import load_corpora
+from posenc.data.splits import load_corpora
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
 from posenc.translate import main as translate_main

@@ -15,7 +15,7 @@ from conftest import SMOKE, compose
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_run_control import scalars
 
-from posenc.data.corpora import validation_split
+from posenc.data.splits import validation_split
 from posenc.data.tokenizer import load_tokenizer
 from posenc.job import run
 from posenc.model.factory import build_model

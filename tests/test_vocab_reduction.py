@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 import posenc.data.tokenizer as tokenizer_module
-from posenc.data.corpora import load_corpora
 from posenc.data.corpus import Corpus, DataError
+from posenc.data.splits import load_corpora
 from posenc.data.tokenizer import (
     KEPT_FILE,
     MBERT_SPECIALS,

@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig
 
 from posenc.data.tokenizer import Tokenizer
-from posenc.evaluation.decode import DecodeSettings, translate, translate_nbest
+from posenc.evaluation.decode import DecodeSettings, decode_nbest, decode_sources
 from posenc.evaluation.standalone import load_runs, run_configs
 from posenc.model.seq2seq import Translator
 from posenc.runtime.device import resolve_device
@@ -56,11 +56,9 @@ class TrainedRun:
             )
         sources = self.tokenizer.encode_batch(list(sentences))
         if nbest == 1:
-            ids, _ = translate(self.model, self.tokenizer, sources, settings, self.device)
+            ids, _ = decode_sources(self.model, self.tokenizer, sources, settings, self.device)
             return self.tokenizer.decode_batch(ids)
-        found, _ = translate_nbest(
-            self.model, self.tokenizer, sources, settings, self.device, nbest
-        )
+        found, _ = decode_nbest(self.model, self.tokenizer, sources, settings, self.device, nbest)
         texts = iter(self.tokenizer.decode_batch([h.tokens for hyps in found for h in hyps]))
         return [[(h.score, next(texts)) for h in hyps] for hyps in found]
 

@@ -25,7 +25,7 @@ from posenc.config import TrainerConfig, paste, reported_settings
 from posenc.config.identity import differences, evaluation_identity, training_identity
 from posenc.config.metrics import METRICS, VALIDATION_METRICS
 from posenc.data.corpus import DataError
-from posenc.evaluation.decode import DecodeSettings, translate
+from posenc.evaluation.decode import DecodeSettings, decode_sources
 from posenc.evaluation.evaluate import archive_evaluation, evaluate
 from posenc.evaluation.metrics import corpus_scores
 from posenc.runtime import distributed
@@ -298,7 +298,7 @@ def validation_scorer(cfg: DictConfig) -> Scorer:
 
     def score(model, tokenizer, sources: list[list[int]], references: list[str]) -> dict:
         device = next(model.parameters()).device
-        ids, _ = translate(model, tokenizer, sources, settings, device)
+        ids, _ = decode_sources(model, tokenizer, sources, settings, device)
         hypotheses = tokenizer.decode_batch(ids)
         scores = corpus_scores(hypotheses, references, VALIDATION_METRICS)
         return scores | {"hypotheses": hypotheses}

@@ -34,7 +34,7 @@ import torch
 from posenc.config import Setting
 from posenc.data.streams import MAX_LINE_CHARS
 from posenc.data.tokenizer import Tokenizer
-from posenc.evaluation.decode import DecodeSettings, translate, translate_nbest
+from posenc.evaluation.decode import DecodeSettings, decode_nbest, decode_sources
 from posenc.evaluation.evaluate import average_last, use_ema
 from posenc.evaluation.standalone import RUN_DIR_HELP, load_runs, run_configs
 from posenc.model.seq2seq import Translator
@@ -112,7 +112,7 @@ def translate_lines(
     translations = [""] * len(lines)
     if wanted:
         sources = tokenizer.encode_batch([lines[i] for i in wanted])
-        ids, _ = translate(model, tokenizer, sources, settings, device, sentence_ids=wanted)
+        ids, _ = decode_sources(model, tokenizer, sources, settings, device, sentence_ids=wanted)
         for i, text in zip(wanted, tokenizer.decode_batch(ids), strict=True):
             translations[i] = one_line(text)
     return translations
@@ -132,7 +132,7 @@ def nbest_lines(
     if not wanted:
         return []
     sources = tokenizer.encode_batch([lines[i] for i in wanted])
-    found, _ = translate_nbest(model, tokenizer, sources, settings, device, nbest)
+    found, _ = decode_nbest(model, tokenizer, sources, settings, device, nbest)
     texts = iter(tokenizer.decode_batch([h.tokens for hypotheses in found for h in hypotheses]))
     return [
         f"{i}\t{rank}\t{h.score:.6f}\t{h.log_prob:.6f}\t{one_line(next(texts))}"

@@ -34,7 +34,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from posenc.config import plain
-from posenc.data.corpora import training_stream
+from posenc.data.splits import training_stream
 from posenc.data.store import StoreWriter, flatten, prepared, store_key
 from posenc.data.streams import Cleaner, sendable_pairs, shuffled_order
 from posenc.data.tokenizer import Tokenizer, build_tokenizer

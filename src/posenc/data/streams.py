@@ -22,7 +22,7 @@ import numpy as np
 
 from posenc.data.corpus import Corpus, DataError
 
-log = logging.getLogger("posenc.data.corpora")
+log = logging.getLogger("posenc.data.splits")
 
 MAX_LINE_CHARS = 10_000  # longer lines are broken input (no sentence is this long): dropped
 # Control characters that are not whitespace (whitespace ones, tab or CR, become spaces)

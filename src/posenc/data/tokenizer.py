@@ -31,8 +31,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from posenc.config import plain
-from posenc.data.corpora import hub_unreachable
 from posenc.data.corpus import Corpus, DataError, resolve_path
+from posenc.data.splits import hub_unreachable
 from posenc.runtime import untrusted
 from posenc.runtime.files import write_text
 

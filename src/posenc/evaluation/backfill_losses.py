@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from posenc.data.corpora import load_corpora
 from posenc.data.corpus import Corpus, DataError
+from posenc.data.splits import load_corpora
 from posenc.evaluation.evaluate import evaluated_part, scored_losses
 from posenc.evaluation.sentence_losses import losses_file, write_losses
 from posenc.model.factory import load_run_model, variant_model

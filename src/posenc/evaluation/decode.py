@@ -69,7 +69,7 @@ class DecodeSettings:
         return "greedy" if self.beam_size == 1 else f"beam {self.beam_size} (lenpen {self.lenpen})"
 
 
-def translate(
+def decode_sources(
     model: Translator,
     tokenizer: Tokenizer,
     sources: list[list[int]],
@@ -100,7 +100,7 @@ def translate(
     return _in_batches(tokenizer, sources, settings, device, best)
 
 
-def translate_nbest(
+def decode_nbest(
     model: Translator,
     tokenizer: Tokenizer,
     sources: list[list[int]],

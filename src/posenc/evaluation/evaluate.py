@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.data.corpora import eval_splits, load_corpora
 from posenc.data.corpus import Corpus
+from posenc.data.splits import eval_splits, load_corpora
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.attention_maps import example_attention, plot_attention
-from posenc.evaluation.decode import DecodeSettings, translate
+from posenc.evaluation.decode import DecodeSettings, decode_sources
 from posenc.evaluation.metrics import BertScore, corpus_scores, length_buckets
 from posenc.evaluation.sentence_losses import SentenceLosses, losses_file, write_losses
 from posenc.model.factory import load_run_model, variant_model
@@ -84,7 +84,7 @@ def evaluate_split(
     corpus = evaluated_part(corpus, eval_cfg)
     sources = tokenizer.encode_batch(corpus.src)
     targets = tokenizer.encode_batch(corpus.tgt)
-    ids, seconds = translate(model, tokenizer, sources, decoding, device)
+    ids, seconds = decode_sources(model, tokenizer, sources, decoding, device)
     hypotheses = tokenizer.decode_batch(ids)
     write_text(RunDir(out_dir).hypotheses(split), "\n".join(hypotheses) + "\n")
     write_text(RunDir(out_dir).references(split), "\n".join(corpus.tgt) + "\n")

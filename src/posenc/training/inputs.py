@@ -8,9 +8,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from posenc.data.corpora import validation_split
 from posenc.data.corpus import Corpus
 from posenc.data.prepare import prepared_store
+from posenc.data.splits import validation_split
 from posenc.data.store import TokenStore, open_store
 from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.runtime import distributed

@@ -16,8 +16,8 @@ from typing import Any
 
 from posenc.analysis.report.runs import Entry, Group, split_entries
 from posenc.analysis.report.stats import read_lines
-from posenc.data.corpora import shared_with_training
 from posenc.data.corpus import DataError
+from posenc.data.splits import shared_with_training
 from posenc.evaluation.metrics import corpus_scores
 from posenc.runtime.files import write_text
 

@@ -1,5 +1,7 @@
-"""The corpora and their splits: a built-in toy task, local text files, or WMT14 from the
-Hugging Face hub; cleaning of training pairs, token-bucketed batches and padding.
+"""The splits of a data config: training, validation, test and held-out sets.
+
+They come from a built-in toy task, local text files, or WMT14 from the Hugging Face hub; one
+split's pairs are a :class:`~posenc.data.corpus.Corpus`.
 
 Data flows one way: ``load_corpora(cfg.data)`` returns the splits as plain sentence lists; the
 tokenizer turns them into ids; :class:`TokenBatcher` groups example indices into batches under a
@@ -39,7 +41,7 @@ from posenc.data.streams import (
 )
 from posenc.data.toy import load_toy
 
-log = logging.getLogger("posenc.data.corpora")
+log = logging.getLogger("posenc.data.splits")
 
 
 # --------------------------------------------------------------------------------------------
