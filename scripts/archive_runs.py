@@ -3,6 +3,7 @@ machine it was written on, and put them back before the sweep resumes.
 
     python scripts/archive_runs.py save outputs/sweeps/compare docs/study/runs/compare
     python scripts/archive_runs.py restore docs/study/runs/compare outputs/sweeps/compare
+    python scripts/archive_runs.py compress docs/study/runs/compare
 
 ``save`` copies, for every run trained and evaluated to its last step, the files a report reads
 (:data:`ARCHIVED`: settings, scores, training summary, hypotheses, sentence losses,
@@ -23,12 +24,19 @@ The references a run was scored against (``references.*.txt``, the same for ever
 data set) are kept once per archive, by content, in ``ARCHIVE/references/<digest>.txt``; each
 run's ``references.json`` maps its files to them, and ``restore`` writes them back, so the
 report compares restored runs on their sentences too.
+
+The bulky files (:data:`COMPRESSED`: hypotheses, sentence losses, curves, and the shared
+references) are kept gzip-compressed as ``NAME.gz`` (written reproducibly: no time stamp or file
+name inside); ``restore`` writes them back as they were. ``compress`` converts an archive kept
+before that in place; ``restore`` reads either form.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
+import io
 import json
 import shutil
 import sys
@@ -53,6 +61,63 @@ ARCHIVED = (
 )
 
 
+#: the files of :data:`ARCHIVED` kept compressed, as ``NAME.gz`` (the shared ones are too)
+COMPRESSED = ("hypotheses.*.txt", "losses.*.tsv", "scalars.csv")
+GZ = ".gz"
+
+
+def compressed(name: str) -> bool:
+    """Whether a file called ``name`` is kept compressed in an archive."""
+    return any(Path(name).match(pattern) for pattern in COMPRESSED)
+
+
+def packed(data: bytes) -> bytes:
+    """``data`` gzip-compressed, the same bytes for the same data (no time stamp, no name)."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as handle:
+        handle.write(data)
+    return buffer.getvalue()
+
+
+def read_archived(path: Path) -> bytes:
+    """The content of an archived file: ``path`` itself, or ``path.gz`` unpacked (at most
+    :data:`MAX_FILE_BYTES` either way).
+
+    Raises:
+        UntrustedFileError: the file is too large, unpacks beyond the cap, or is no gzip.
+    """
+    packed_path = path.with_name(path.name + GZ)
+    if not packed_path.is_file() or packed_path.is_symlink():
+        return read_bytes(path, MAX_FILE_BYTES)
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(read_bytes(packed_path, MAX_FILE_BYTES))) as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except (OSError, EOFError) as err:
+        raise UntrustedFileError(packed_path, f"is no gzip file ({err})", "restore it") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise UntrustedFileError(
+            packed_path, f"unpacks to more than {MAX_FILE_BYTES} bytes", "remove it"
+        )
+    return data
+
+
+def write_archived(path: Path, data: bytes, pack: bool | None = None) -> bool:
+    """Keep ``data`` as the archived file ``path``, compressed as ``path.gz`` when ``pack``
+    (default: when :func:`compressed`), the other form removed; whether anything changed."""
+    pack = compressed(path.name) if pack is None else pack
+    target = path.with_name(path.name + GZ) if pack else path
+    other = path if target != path else path.with_name(path.name + GZ)
+    content = packed(data) if target != path else data
+    unchanged = target.is_file() and target.read_bytes() == content
+    if not unchanged:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    if other.is_file():
+        other.unlink()
+        return True
+    return not unchanged
+
+
 #: the files kept once per archive by content (see the module docstring)
 SHARED = ("references.*.txt",)
 REFERENCES = "references"  # the archive's folder of shared files
@@ -62,7 +127,9 @@ REFERENCE_MAP = "references.json"  # a run's map from its shared files to their 
 def archived_files(run: Path, patterns: tuple[str, ...] = ARCHIVED) -> list[Path]:
     """The files of ``run`` matching ``patterns`` (default :data:`ARCHIVED`), relative to it,
     sorted (links left out, and hidden folders: an evaluation still running writes into
-    ``evals/.NAME.XXXX/``, renamed to ``evals/NAME/`` once complete)."""
+    ``evals/.NAME.XXXX/``, renamed to ``evals/NAME/`` once complete). In an archive a
+    compressed file ``NAME.gz`` counts as ``NAME``."""
+    patterns = (*patterns, *(pattern + GZ for pattern in patterns))
     found: set[Path] = set()
     evals = [] if (run / "evals").is_symlink() else sorted((run / "evals").glob("*"))
     for folder in [run, *evals]:
@@ -70,7 +137,7 @@ def archived_files(run: Path, patterns: tuple[str, ...] = ARCHIVED) -> list[Path
             continue
         for pattern in patterns:
             found.update(
-                p.relative_to(run)
+                p.relative_to(run).with_suffix("") if p.suffix == GZ else p.relative_to(run)
                 for p in folder.glob(pattern)
                 if p.is_file() and not p.is_symlink()
             )
@@ -87,9 +154,8 @@ def save_shared(source: Path, target: Path, store: Path) -> bool:
         data = read_bytes(source / relative, MAX_FILE_BYTES)
         digest = hashlib.sha256(data).hexdigest()[:16]
         stored = store / f"{digest}.txt"
-        if not stored.is_file():
-            stored.parent.mkdir(parents=True, exist_ok=True)
-            stored.write_bytes(data)
+        if not stored.is_file() and not stored.with_name(stored.name + GZ).is_file():
+            write_archived(stored, data, pack=True)
         mapping[str(relative)] = digest
     if mapping == before:
         return False
@@ -108,9 +174,10 @@ def restore_shared(archived: Path, target: Path, store: Path) -> None:
         stored = store / f"{digest}.txt"
         destination = (target / relative).resolve()
         inside = destination.is_relative_to(target.resolve())
-        if inside and stored.is_file() and "/" not in digest:
+        present = stored.is_file() or stored.with_name(stored.name + GZ).is_file()
+        if inside and present and "/" not in digest:
             destination.parent.mkdir(parents=True, exist_ok=True)
-            destination.write_bytes(read_bytes(stored, MAX_FILE_BYTES))
+            destination.write_bytes(read_archived(stored))
 
 
 def is_finished(run: Path) -> bool:
@@ -132,18 +199,21 @@ def run_dirs(sweep: Path) -> list[Path]:
 
 
 def copy_run(source: Path, target: Path, roots: tuple[Path, ...] = ()) -> bool:
-    """Copy ``source``'s archived files into ``target`` (``roots``: the checkouts whose paths
-    are made relative); whether anything changed."""
+    """Archive a run's files from ``source`` into ``target`` (``roots``: the checkouts whose
+    paths are made relative); whether anything changed."""
     changed = False
     for relative in archived_files(source):
         text = portable(read_bytes(source / relative, MAX_FILE_BYTES), roots)
-        destination = target / relative
-        if destination.is_file() and destination.read_bytes() == text:
-            continue
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        destination.write_bytes(text)
-        changed = True
+        changed |= write_archived(target / relative, text)
     return changed
+
+
+def unpack_run(archived: Path, target: Path) -> None:
+    """Write an archived run's files from ``archived`` into ``target`` as the run had them."""
+    for relative in archived_files(archived):
+        destination = target / relative
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_bytes(read_archived(archived / relative))
 
 
 def checkout_of(sweep: Path) -> Path:
@@ -177,7 +247,7 @@ def restore(archive: Path, sweep: Path) -> None:
             continue
         work = Path(tempfile.mkdtemp(prefix=f".{run.name}.", dir=sweep))
         try:
-            copy_run(run, work)
+            unpack_run(run, work)
             restore_shared(run, work, archive / REFERENCES)
             work.rename(sweep / run.name)
             print(f"restored {run.name}")
@@ -187,15 +257,35 @@ def restore(archive: Path, sweep: Path) -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def compress(archive: Path) -> None:
+    """Keep the bulky files of an archive kept before compression compressed (in place)."""
+    store = archive / REFERENCES
+    for folder in [*run_dirs(archive), store]:
+        if not folder.is_dir():
+            continue
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+            if path.suffix != GZ and (folder == store or compressed(path.name)):
+                write_archived(path, read_bytes(path, MAX_FILE_BYTES), pack=True)
+    print(f"compressed {archive}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("action", choices=("save", "restore"))
-    parser.add_argument("source", type=Path, help="the sweep (save) or the archive (restore)")
-    parser.add_argument("target", type=Path, help="the archive (save) or the sweep (restore)")
+    parser.add_argument("action", choices=("save", "restore", "compress"))
+    parser.add_argument(
+        "source", type=Path, help="the sweep (save) or the archive (restore, compress)"
+    )
+    parser.add_argument(
+        "target", type=Path, nargs="?", help="the archive (save) or the sweep (restore)"
+    )
     args = parser.parse_args(argv)
-    if args.action == "save":
+    if args.action == "compress":
+        compress(args.source)
+    elif args.target is None:
+        parser.error(f"{args.action} needs a target: the archive (save) or the sweep (restore)")
+    elif args.action == "save":
         save(args.source, args.target)
     else:
         restore(args.source, args.target)

@@ -3,6 +3,7 @@ what they promise (tiny models, a few positions: seconds)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import runpy
 import sys
@@ -208,10 +209,13 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
     script["save"](sweep, archive)
     kept = sorted(str(p.relative_to(archive)) for p in archive.rglob("*") if p.is_file())
     shared = [p for p in kept if p.startswith("references/")]  # by content, once per archive
-    assert len(shared) == 1 and (archive / shared[0]).read_text() == "the reference\n"
+    assert len(shared) == 1 and gzip.decompress((archive / shared[0]).read_bytes()) == (
+        b"the reference\n"
+    )
     per_run = {"done/references.json", *shared}
+    bulky = ("hypotheses.test.txt", "scalars.csv")  # kept compressed, the small files as text
     assert [p for p in kept if p not in per_run] == sorted(
-        f"done/{p}"
+        f"done/{p}" + (".gz" if p in bulky else "")
         for p in files
         if not p.startswith(("checkpoints", "tb", "references", "evals/."))
     )
@@ -223,8 +227,8 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
     (sweep / "done" / "hypotheses.test.txt").write_text("b\n")  # the run was continued
     (sweep / "done" / "scalars.csv").unlink()  # a file the run lacks stays archived
     script["save"](sweep, archive)
-    assert (archive / "done" / "hypotheses.test.txt").read_text() == "b\n"
-    assert (archive / "done" / "scalars.csv").is_file()
+    assert gzip.decompress((archive / "done" / "hypotheses.test.txt.gz").read_bytes()) == b"b\n"
+    assert (archive / "done" / "scalars.csv.gz").is_file()
 
     restored = tmp_path / "restored"
     (restored / "done").mkdir(parents=True)  # a run already there is never overwritten
@@ -249,9 +253,48 @@ def test_archive_runs_follows_no_link_and_restores_a_run_whole_or_not_at_all(tmp
     (sweep / "a" / "evals").symlink_to(outside)  # evals/ itself a link out of the run
     script["save"](sweep, archive)
     assert not (archive / "a" / "evals").exists()
-    with open(archive / "b" / "hypotheses.test.txt", "r+b") as handle:
+    with open(archive / "b" / "hypotheses.test.txt.gz", "r+b") as handle:
         handle.truncate(script["MAX_FILE_BYTES"] + 1)  # sparse: costs no disk
     restored = tmp_path / "restored"
     script["restore"](archive, restored)
     assert sorted(p.name for p in restored.iterdir()) == ["a"]  # no half-restored b, no leftover
     assert "not restored b:" in capsys.readouterr().out
+
+
+def test_an_archive_kept_before_compression_restores_and_compresses_to_the_same_runs(tmp_path):
+    script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
+    old, restored = tmp_path / "old", tmp_path / "restored"
+    texts = {"config.yaml": "seed: 0\n", "metrics.json": "{}", "train_summary.json": "{}"}
+    texts |= {"hypotheses.test.txt": "a translation\n", "scalars.csv": "tag,step\n"}
+    for name, text in texts.items():  # as archives were kept before: every file as text
+        (old / "run" / name).parent.mkdir(parents=True, exist_ok=True)
+        (old / "run" / name).write_text(text)
+    (old / "references" / "abc.txt").parent.mkdir()
+    (old / "references" / "abc.txt").write_text("the reference\n")
+    (old / "run" / "references.json").write_text('{"references.test.txt": "abc"}')
+    script["restore"](old, restored / "plain")
+    script["compress"](old)
+    assert (old / "run" / "hypotheses.test.txt.gz").is_file()
+    assert not (old / "run" / "hypotheses.test.txt").exists()
+    assert (old / "run" / "config.yaml").read_text() == "seed: 0\n"
+    assert (old / "references" / "abc.txt.gz").is_file()
+    script["restore"](old, restored / "packed")
+    for name in [*texts, "references.test.txt"]:
+        plain = (restored / "plain" / "run" / name).read_bytes()
+        assert (restored / "packed" / "run" / name).read_bytes() == plain
+    before = {p: p.read_bytes() for p in old.rglob("*.gz")}
+    script["compress"](old)  # again: nothing changes, byte for byte
+    assert {p: p.read_bytes() for p in old.rglob("*.gz")} == before
+
+
+def test_a_packed_file_that_unpacks_past_the_cap_is_refused(tmp_path, capsys):
+    script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
+    archive = tmp_path / "archive"
+    for name in ("config.yaml", "metrics.json", "train_summary.json"):
+        (archive / "run").mkdir(parents=True, exist_ok=True)
+        (archive / "run" / name).write_text("{}")
+    cap = script["MAX_FILE_BYTES"]
+    (archive / "run" / "hypotheses.test.txt.gz").write_bytes(gzip.compress(b"x" * (cap + 1)))
+    script["restore"](archive, tmp_path / "restored")
+    assert "unpacks to more than" in capsys.readouterr().out
+    assert not (tmp_path / "restored" / "run").exists()
