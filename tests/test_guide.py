@@ -4,7 +4,7 @@ the ones the code generates."""
 import re
 
 import pytest
-from conftest import ROOT
+from conftest import PE_NAMES, ROOT
 
 from posenc.analysis.guide_sections import (
     MAX_SUMMARY,
@@ -52,3 +52,16 @@ def test_the_map_lists_every_module_in_its_own_package():
     tops = [line.split()[0] for line in lines if re.match(r"  \S", line)]
     names = [top.removesuffix("/").removesuffix(".py") for top in tops]
     assert names == list(PHASES)  # every phase, in data-flow order
+
+
+def test_the_gallery_shows_every_encoding_and_only_its_pictures():
+    """docs/figures/pe/README.md draws each ``configs/pe`` encoding's picture (``python
+    scripts/plot_pe.py pe=NAME --out docs/figures/pe``) and nothing else lies there unlinked."""
+    gallery = ROOT / "docs" / "figures" / "pe"
+    page = (gallery / "README.md").read_text(encoding="utf-8")
+    pictures = sorted(p.stem for p in gallery.glob("*.png"))
+    assert pictures == PE_NAMES
+    assert sorted(re.findall(r"\]\((\w+)\.png\)", page)) == PE_NAMES
+    assert sorted(p.name for p in gallery.iterdir()) == sorted(
+        ["README.md", *(f"{n}.png" for n in PE_NAMES)]
+    )
