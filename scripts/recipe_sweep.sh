@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU recipe sweep (docs/RESULTS.md §6): round 1 changes every setting of experiment=recipe
+# The CPU recipe sweep (docs/METHODS.md §3): round 1 changes every setting of experiment=recipe
 # one at a time, rounds 2 and 3 combine the winners, the best two then run to 6 minutes. Two
 # lanes of one thread each (this machine has two cores). Re-running skips finished runs.
 #   bash scripts/recipe_sweep.sh && python scripts/recipe_table.py outputs/sweeps/recipe \

@@ -3,10 +3,9 @@
 
 - The study (``scripts/study.sh``): each sweep's report (``scripts/report.py SWEEP``; its
   ``report/`` folder) is copied to ``docs/study/<sweep>/``, which ``docs/RESULTS.md`` links to.
-- The measurements behind the settings: the encoder-form sweeps' reports and the benchmark
-  (``docs/bench/bench.md``) are embedded in ``docs/METHODS.md`` between their markers.
-- The demo's two reports are copied (``docs/demo/``, ``docs/demo_toy/``) and linked, not
-  embedded.
+- The measurements behind the settings (the encoder-form sweeps) and the demo: each report is
+  copied to ``docs/<sweep>/``, which ``docs/METHODS.md`` and the README link to (the benchmark's
+  tables are ``docs/bench/bench.md``, which ``make bench``'s output replaces).
 
 The hand-written parts of the pages stay as they are.
 """
@@ -15,16 +14,13 @@ import argparse
 import shutil
 from pathlib import Path
 
-from posenc.analysis.markdown import embed_report, fill_section
 from posenc.analysis.portable import portable
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the study's sweeps, copied to docs/study/<name>/
 STUDY = ("compare", "extrapolation", "seed_report", "scaling")
-#: embedded in docs/METHODS.md
-EMBEDDED = ("encoder_forms", "encoder_forms_toy")
 #: copied to docs/<name>/ and linked
-LINKED = ("demo", "demo_toy")
+LINKED = ("demo", "demo_toy", "encoder_forms", "encoder_forms_toy")
 
 
 def copy_report(report_dir: Path, docs_dir: Path, roots: tuple[Path, ...] = (ROOT,)) -> None:
@@ -55,15 +51,6 @@ def main() -> None:
         _copy(study / name / "report", docs / "study" / name, study)
     for name in LINKED:
         _copy(args.sweeps / name / "report", docs / name, args.sweeps)
-    methods = docs / "METHODS.md"
-    page = methods.read_text()
-    for name in EMBEDDED:
-        if _copy(args.sweeps / name / "report", docs / name, args.sweeps):
-            report = (docs / name / "report.md").read_text()
-            page = fill_section(page, name, embed_report(report, name, ("Attention maps",)))
-    bench = (docs / "bench" / "bench.md").read_text()
-    page = fill_section(page, "bench", embed_report(bench, "bench"))
-    methods.write_text(page)
 
 
 def _copy(report_dir: Path, docs_dir: Path, sweeps: Path) -> bool:

@@ -15,7 +15,7 @@ Where it applies: encoder self-attention and decoder self-attention, with the sa
 bias in cross-attention (source and target positions do not lie on one axis).
 
 Encoder forms (the paper only trains causal language models), chosen by ``encoder_bias``;
-``split`` is the default, chosen by the measured comparison in docs/METHODS.md (§4: on the toy
+``split`` is the default, chosen by the measured comparison in docs/METHODS.md (§1: on the toy
 reversal task it reaches about 69% exact matches where ``symmetric`` reaches 37% and
 ``asymmetric`` 23%; on the local data the three forms are within seed noise):
 

@@ -19,7 +19,7 @@ Matching the official code (chijames/KERPLE, ``ParallelKerpleLog`` in ``megatron
 Where it applies: encoder and decoder self-attention (causal: ``i - j`` for ``j <= i``, the
 paper's form); nothing in cross-attention. The paper is evaluated on causal language models only;
 its encoder forms (``encoder_bias``, as for ALiBi, :mod:`posenc.model.encodings.alibi`; ``split`` is
-the default, chosen by the comparison in docs/METHODS.md §4):
+the default, chosen by the comparison in docs/METHODS.md §1):
 
 * ``symmetric``: ``-p_h log(1 + a_h |i - j|)``, the kernel's natural bidirectional form (it is
   defined on ``|m - n|``), which carries no left/right information: a source and its reversal
