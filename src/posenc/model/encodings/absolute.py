@@ -1,7 +1,9 @@
 """Input-level (absolute) encodings: a vector per position added to each token embedding.
 
 * ``sinpe`` — Vaswani et al. 2017, as in the seed report:
-  ``PE(pos, 2i) = sin(pos / 10000^(2i/d))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d))``.
+  ``PE(pos, 2i) = sin(pos / 10000^(2i/d))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i/d))``; with
+  ``learned_scale``, times one learned scalar per stack initialised to ``d^-1/2``
+  (x-transformers' ``ScaledSinusoidalEmbedding``, its ``scaled_sinu_pos_emb``).
 * ``learned`` — a trained table of ``max_len`` positions (Gehring et al. 2017; GPT-2).
 
 Both act on the input of the encoder and of the decoder (each stack has its own instance; the
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor, nn
 
 from posenc.model.encodings.base import Site, StackEncoding, compute_dtype
@@ -20,21 +23,32 @@ from posenc.model.encodings.common import sinusoidal_table
 
 
 class SinusoidalEncoding(StackEncoding):
-    """Fixed sinusoidal absolute positions added to the stack input ``(B, L, d)``."""
+    """Fixed sinusoidal absolute positions added to the stack input ``(B, L, d)``, optionally
+    scaled by a learned scalar ``s`` (``x + s PE``, ``s`` starting at ``d^-1/2``)."""
 
     applies_to = "encoder and decoder inputs"
     encoder_form = "same table as the decoder"
     speed_target = 1.10
     augment_modes = frozenset({"shift", "random", "scale"})
+    option_forms = ({"learned_scale": True},)
 
     def __init__(
-        self, site: Site, d_model: int, n_heads: int, n_layers: int, base: float = 10000.0
+        self,
+        site: Site,
+        d_model: int,
+        n_heads: int,
+        n_layers: int,
+        base: float = 10000.0,
+        learned_scale: bool | None = None,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
         self.base = base
+        self.scale = nn.Parameter(torch.tensor(d_model**-0.5)) if learned_scale else None
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         table = sinusoidal_table(positions, self.d_model, self.base, compute_dtype(x))
+        if self.scale is not None:
+            table = table * self.scale.to(table.dtype)
         return x + table.to(x.dtype)
 
 
