@@ -326,3 +326,27 @@ def test_rotated_cross_attention_refuses_position_augmentation_in_one_line():
     with pytest.raises(ValueError, match="true source positions") as error:
         encoding.augment(PositionAugmentation.of("random", 64), "rope")
     assert "\n" not in str(error.value)
+
+
+def test_rotating_some_heads_leaves_the_others_without_positions():
+    """``rotate_num_heads=n``: the last n heads are RoPE's, the first H - n are plain (x-
+    transformers' ``rotate_num_heads``)."""
+    full, partial = make_rope(n_heads=4), make_rope(n_heads=4, rotate_num_heads=1)
+    q, k = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8)
+    positions = torch.arange(6)
+    rotated = RotaryRule().prepare(q, k, q, positions, full.context(positions, positions))
+    some = RotaryRule(1).prepare(q, k, q, positions, partial.context(positions, positions))
+    torch.testing.assert_close(some[0][:, :3], q[:, :3])  # untouched
+    torch.testing.assert_close(some[1][:, :3], k[:, :3])
+    torch.testing.assert_close(some[0][:, 3:], rotated[0][:, 3:])  # the last head as RoPE's
+    torch.testing.assert_close(some[1][:, 3:], rotated[1][:, 3:])
+    with pytest.raises(ValueError, match="rotate_num_heads=5 must be a number of heads from 1"):
+        make_rope(n_heads=4, rotate_num_heads=5)
+
+
+def test_the_rotated_heads_follow_the_configured_form_in_every_rule():
+    encoding = make_rope(n_heads=2, rotate_num_heads=1, cross_attention="rotated")
+    assert encoding.self_rule(0).heads == 1 and encoding.cross_rule(0).heads == 1
+    dynamic = RotaryEncoding(Site.ENCODER, 16, 2, 1, scaling="dynamic_ntk", factor=2.0,
+                             rotate_num_heads=1)  # fmt: skip
+    assert dynamic.self_rule(0).heads == 1

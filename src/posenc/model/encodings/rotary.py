@@ -38,7 +38,7 @@ from posenc.model.encodings.rotation import (
     RotaryStack,
     RotaryTables,
     rope_frequencies,
-    rotate,
+    rotate_heads,
     rotation_table,
 )
 
@@ -243,15 +243,20 @@ class DynamicNTKEncoderRule(RotateAtAttention):
     costs what rotating in :meth:`prepare` would.
 
     :attr:`rotates_qk` stays False: :meth:`prepare` does not rotate, so the plots' rotary panel,
-    which rotates through it, would draw no rotation.
+    which rotates through it, would draw no rotation. ``heads``: rotate the last this many heads
+    only (None: every head).
     """
+
+    def __init__(self, heads: int | None = None) -> None:
+        super().__init__()
+        self.heads = heads
 
     def rotated(self, q: Tensor, k: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor]:
         """``q, k (B, H, L, D)`` rotated with the base of each source's length."""
         if not isinstance(call.context, DynamicNTKTables):
             raise ValueError("a dynamic-NTK encoder rule needs the stack's DynamicNTKTables")
         table = call.context.table(call.key_padding_mask)
-        return rotate(q, table), rotate(k, table)
+        return rotate_heads(q, table, self.heads), rotate_heads(k, table, self.heads)
 
 
 class CrossRotaryRule(RotateAtAttention):
@@ -263,18 +268,22 @@ class CrossRotaryRule(RotateAtAttention):
     Args:
         inv_freq: ``theta (r/2,)``.
         attention_factor: multiplies cos and sin (YaRN's temperature; 1 otherwise).
+        heads: rotate the last this many heads only (None: every head).
     """
 
-    def __init__(self, inv_freq: Tensor, attention_factor: float = 1.0) -> None:
+    def __init__(
+        self, inv_freq: Tensor, attention_factor: float = 1.0, heads: int | None = None
+    ) -> None:
         super().__init__()
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_factor = attention_factor
+        self.heads = heads
 
     def rotated(self, q: Tensor, k: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor]:
         """``q (B, H, Lq, D)`` and ``k (B, H, Lk, D)`` rotated at their own positions."""
         q_table = rotation_table(call.q_pos, self.inv_freq, self.attention_factor)
         k_table = rotation_table(call.k_pos, self.inv_freq, self.attention_factor)
-        return rotate(q, q_table), rotate(k, k_table)
+        return rotate_heads(q, q_table, self.heads), rotate_heads(k, k_table, self.heads)
 
 
 class RotaryEncoding(RotaryStack):
@@ -297,13 +306,19 @@ class RotaryEncoding(RotaryStack):
             ``None`` (the default) is plain RoPE. Needs ``rotary_fraction = 1``.
         cross_attention: ``plain`` (or ``None``, the default: source and target positions share
             no axis) or ``rotated`` (:class:`CrossRotaryRule`, x-transformers' ``context_pos``).
+        rotate_num_heads: rotate only the last this many heads of every layer, the others
+            without positions (x-transformers' ``rotate_num_heads``); ``None``: every head.
     """
 
     applies_to = "encoder and decoder self-attention (q, k rotated); cross-attention plain"
     encoder_form = "same rotation as the decoder (RoPE is bidirectional by construction)"
     speed_target = 1.10
     augment_modes = frozenset({"random", "scale"})
-    option_forms = ({"rope_proportion": 0.75}, {"cross_attention": "rotated"})
+    option_forms = (
+        {"rope_proportion": 0.75},
+        {"cross_attention": "rotated"},
+        {"rotate_num_heads": 1},
+    )
 
     def __init__(
         self,
@@ -318,8 +333,15 @@ class RotaryEncoding(RotaryStack):
         original_max_len: int = 256,
         rope_proportion: float | None = None,
         cross_attention: str | None = None,
+        rotate_num_heads: int | None = None,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
+        if rotate_num_heads is not None and not 0 < rotate_num_heads <= n_heads:
+            raise ValueError(
+                f"rope: rotate_num_heads={rotate_num_heads} must be a number of heads from 1 to "
+                f"n_heads={n_heads} (null: every head)"
+            )
+        self.rotate_num_heads = rotate_num_heads
         if cross_attention is not None and cross_attention not in CROSS_ATTENTION:
             raise ValueError(
                 f"rope: cross_attention={cross_attention!r} is unknown; "
@@ -365,11 +387,13 @@ class RotaryEncoding(RotaryStack):
             )
 
     def self_rule(self, layer: int) -> AttentionRule:
-        return DynamicNTKEncoderRule() if self.dynamic and not self.causal else RotaryRule()
+        if self.dynamic and not self.causal:
+            return DynamicNTKEncoderRule(self.rotate_num_heads)
+        return RotaryRule(self.rotate_num_heads)
 
     def cross_rule(self, layer: int) -> AttentionRule:
         if self.cross_rotated:
-            return CrossRotaryRule(self.inv_freq, self.attention_factor)
+            return CrossRotaryRule(self.inv_freq, self.attention_factor, self.rotate_num_heads)
         return AttentionRule()
 
     def augment(self, augmentation: PositionAugmentation | None, name: str = "?") -> None:

@@ -59,11 +59,24 @@ class RotaryTables:
     k: Tensor
 
 
+def rotate_heads(x: Tensor, table: Tensor, heads: int | None = None) -> Tensor:
+    """:func:`rotate` on the last ``heads`` heads of ``x (B, H, L, D)`` (x-transformers'
+    ``rotate_num_heads``), the others passed through unchanged; None: every head."""
+    if heads is None or heads == x.shape[1]:
+        return rotate(x, table)
+    return torch.cat((x[:, :-heads], rotate(x[:, -heads:], table)), dim=1)
+
+
 class RotaryRule(AttentionRule):
-    """Rotates the new tokens' q and k with the stack's :class:`RotaryTables` before caching;
-    attention is then plain SDPA (the base class's forward)."""
+    """Rotates the new tokens' q and k with the stack's :class:`RotaryTables` before caching
+    (the last ``heads`` heads only, when given); attention is then plain SDPA (the base class's
+    forward)."""
 
     rotates_qk = True
+
+    def __init__(self, heads: int | None = None) -> None:
+        super().__init__()
+        self.heads = heads
 
     def prepare(
         self,
@@ -79,7 +92,11 @@ class RotaryRule(AttentionRule):
                 "a rotary rule needs the stack's context built from the call's q_pos "
                 f"({positions.shape[0]} positions)"
             )
-        return rotate(q, context.q), rotate(k, context.k), None
+        return (
+            rotate_heads(q, context.q, self.heads),
+            rotate_heads(k, context.k, self.heads),
+            None,
+        )
 
 
 class RotaryStack(StackEncoding):
