@@ -185,7 +185,7 @@ def llama_config(head_dim: int, fraction: float, rope_parameters: dict) -> Llama
 
 
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
-@pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn"])
+@pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn", "llama3"])
 def test_inverse_frequencies_match_transformers(scaling, fraction):
     head_dim, factor, original = 32, 4.0, 32
     ours = make_rope(
@@ -203,7 +203,11 @@ def test_inverse_frequencies_match_transformers(scaling, fraction):
         length = int(128 * (2 * factor - 1) / factor)
         inv_freq, attention = ROPE_INIT_FUNCTIONS["dynamic"](config, seq_len=length)
     else:
-        extra = {"original_max_position_embeddings": original} if scaling == "yarn" else {}
+        extra = (
+            {"original_max_position_embeddings": original} if scaling in ("yarn", "llama3") else {}
+        )
+        if scaling == "llama3":  # Llama 3.1's band limits, posenc's defaults
+            extra |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
         config = llama_config(head_dim, fraction, {"rope_type": scaling, "factor": factor, **extra})
         inv_freq, attention = ROPE_INIT_FUNCTIONS[scaling](config)
     torch.testing.assert_close(ours.inv_freq, inv_freq)
@@ -350,3 +354,23 @@ def test_the_rotated_heads_follow_the_configured_form_in_every_rule():
     dynamic = RotaryEncoding(Site.ENCODER, 16, 2, 1, scaling="dynamic_ntk", factor=2.0,
                              rotate_num_heads=1)  # fmt: skip
     assert dynamic.self_rule(0).heads == 1
+
+
+def test_llama3_keeps_short_waves_divides_long_ones_and_blends_between():
+    """Llama 3.1's bands (the formula's cases, one pair at a time, at a training length of 64):
+    wavelengths below 64/4 kept, above 64/1 divided by the factor, a linear blend in 1/wavelength
+    between."""
+    encoding = make_rope(32, scaling="llama3", factor=8.0, original_max_len=64)
+    theta = 10000.0 ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
+    for i, t in enumerate(theta.tolist()):
+        wavelength = 2 * math.pi / t
+        if wavelength < 64 / 4:
+            expected = t
+        elif wavelength > 64 / 1:
+            expected = t / 8
+        else:
+            a = (64 / wavelength - 1) / (4 - 1)
+            expected = (1 - a) * t / 8 + a * t
+        assert encoding.inv_freq[i].item() == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(ValueError, match="llama3 needs 0 < low_freq_factor < high_freq_factor"):
+        make_rope(scaling="llama3", factor=2.0, low_freq_factor=4.0, high_freq_factor=1.0)

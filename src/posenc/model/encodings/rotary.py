@@ -3,14 +3,15 @@ dot product. Pair ``i`` of a head's rotated dims turns by the angle ``m * theta_
 ``m``, ``theta_i = base^(-2i/r)`` (``r`` rotated dims), so ``q_m . k_n`` depends on the
 positions only through ``m - n``.
 
-Context-extension scalings for test inputs longer than training (``scaling``), one function
-each in :data:`SCALINGS` (as transformers' ``ROPE_INIT_FUNCTIONS``): ``linear`` (position
+Context-extension scalings for test inputs longer than training (``scaling``), one function each
+in :data:`SCALINGS` (as transformers' ``ROPE_INIT_FUNCTIONS``): ``linear`` (position
 interpolation), ``ntk`` (NTK-aware base), ``yarn`` (YaRN's per-frequency ramp and temperature)
-and ``dynamic_ntk`` (the NTK base following the length); their inverse frequencies equal
-``transformers.modeling_rope_utils``'. p-RoPE (``rope_proportion = p``, transformers'
-``"proportional"``): the ``floor(p D / 2)`` highest frequencies of the whole head kept, the
-lower ones set to 0. Dynamic NTK rotates each decoder position ``m`` once, before caching, at the
-base of the length ``m + 1``, and an encoder source at the base of its own length.
+and ``dynamic_ntk`` (the NTK base following the length) and ``llama3`` (Llama 3.1's banded
+interpolation); their inverse frequencies equal ``transformers.modeling_rope_utils``'. p-RoPE
+(``rope_proportion = p``, transformers' ``"proportional"``): the ``floor(p D / 2)`` highest
+frequencies of the whole head kept, the lower ones set to 0. Dynamic NTK rotates each decoder
+position ``m`` once, before caching, at the base of the length ``m + 1``, and an encoder source
+at the base of its own length.
 
 Layout: the rotated dims are the first ``r = rotary_fraction * D`` of each head; pair ``i`` is
 the adjacent pair ``(2i, 2i+1)``, as in the paper; the other ``D - r`` dims pass through.
@@ -96,36 +97,52 @@ def yarn_attention_factor(factor: float) -> float:
     return 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
 
 
-Scaling = Callable[[int, float, float, int], tuple[Tensor, float]]
-"""``(dim, base, factor, original_max_len) -> (inverse frequencies (dim/2,), attention
-factor)``: one context-extension scaling of RoPE."""
+@dataclass(frozen=True)
+class ScalingSettings:
+    """What a context-extension scaling reads: ``dim`` rotated dims, RoPE's ``base``, the
+    extension ``factor``, the training length ``original_max_len``, and Llama 3's band limits
+    (wavelengths beyond ``original_max_len / low_freq_factor`` are interpolated, those below
+    ``original_max_len / high_freq_factor`` kept; Llama 3.1's 1 and 4)."""
+
+    dim: int
+    base: float = 10000.0
+    factor: float = 1.0
+    original_max_len: int = 256
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
 
 
-def _unscaled(dim: int, base: float, factor: float, original_max_len: int) -> tuple[Tensor, float]:
+Scaling = Callable[[ScalingSettings], tuple[Tensor, float]]
+"""``settings -> (inverse frequencies (dim/2,), attention factor)``: one context-extension
+scaling of RoPE."""
+
+
+def _unscaled(s: ScalingSettings) -> tuple[Tensor, float]:
     """RoPE's own frequencies (also dynamic NTK's up to ``original_max_len``:
     :func:`dynamic_ntk_inverse_frequencies` gives them at any length)."""
-    return rope_frequencies(dim, base), 1.0
+    return rope_frequencies(s.dim, s.base), 1.0
 
 
-def _linear(dim: int, base: float, factor: float, original_max_len: int) -> tuple[Tensor, float]:
+def _linear(s: ScalingSettings) -> tuple[Tensor, float]:
     """Position interpolation: every frequency divided by ``factor``."""
-    return rope_frequencies(dim, base) / factor, 1.0
+    return rope_frequencies(s.dim, s.base) / s.factor, 1.0
 
 
-def _ntk(dim: int, base: float, factor: float, original_max_len: int) -> tuple[Tensor, float]:
+def _ntk(s: ScalingSettings) -> tuple[Tensor, float]:
     """NTK-aware: the base raised to ``base * factor^(dim/(dim-2))``."""
-    return rope_frequencies(dim, base * factor ** (dim / (dim - 2))), 1.0
+    return rope_frequencies(s.dim, s.base * s.factor ** (s.dim / (s.dim - 2))), 1.0
 
 
-def _yarn(dim: int, base: float, factor: float, original_max_len: int) -> tuple[Tensor, float]:
+def _yarn(s: ScalingSettings) -> tuple[Tensor, float]:
     """YaRN: the fast pairs kept, the slow ones interpolated, a linear ramp between, and the
     attention temperature :func:`yarn_attention_factor`."""
+    dim, base = s.dim, s.base
     inv_freq = rope_frequencies(dim, base)
 
     def pair_index(rotations: float) -> float:
         """The (fractional) pair index whose wavelength fits ``rotations`` times into the
         training length."""
-        return dim * math.log(original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        return dim * math.log(s.original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
     low = max(math.floor(pair_index(YARN_BETA_FAST)), 0)
     high = min(math.ceil(pair_index(YARN_BETA_SLOW)), dim - 1)
@@ -133,8 +150,26 @@ def _yarn(dim: int, base: float, factor: float, original_max_len: int) -> tuple[
         high += 0.001
     # 0 below ``low`` (fast pairs: extrapolate), 1 above ``high`` (slow pairs: interpolate).
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0.0, 1.0)
-    inv_freq = inv_freq * (1.0 - ramp) + inv_freq / factor * ramp
-    return inv_freq, yarn_attention_factor(factor)
+    inv_freq = inv_freq * (1.0 - ramp) + inv_freq / s.factor * ramp
+    return inv_freq, yarn_attention_factor(s.factor)
+
+
+def _llama3(s: ScalingSettings) -> tuple[Tensor, float]:
+    """Llama 3.1's banded interpolation: a pair whose wavelength ``2 pi / theta`` is shorter than
+    ``original_max_len / high_freq_factor`` keeps its frequency, one longer than
+    ``original_max_len / low_freq_factor`` is divided by ``factor``, and between the two the
+    frequency blends both, ``(1 - a) theta / factor + a theta`` with ``a = (original_max_len /
+    wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)``."""
+    inv_freq = rope_frequencies(s.dim, s.base)
+    wavelength = 2 * math.pi / inv_freq
+    blend = (s.original_max_len / wavelength - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    blended = (1 - blend) * inv_freq / s.factor + blend * inv_freq
+    long_waves = wavelength > s.original_max_len / s.low_freq_factor
+    short_waves = wavelength < s.original_max_len / s.high_freq_factor
+    out = torch.where(long_waves, inv_freq / s.factor, blended)
+    return torch.where(short_waves, inv_freq, out), 1.0
 
 
 #: every scaling by its ``pe.scaling`` name
@@ -144,6 +179,7 @@ SCALINGS: dict[str, Scaling] = {
     "ntk": _ntk,
     "yarn": _yarn,
     "dynamic_ntk": _unscaled,
+    "llama3": _llama3,
 }
 
 
@@ -153,12 +189,16 @@ def rope_inverse_frequencies(
     scaling: str = "none",
     factor: float = 1.0,
     original_max_len: int = 256,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
 ) -> tuple[Tensor, float]:
     """Inverse frequencies ``theta (dim/2,)`` for ``dim`` rotated dims under ``scaling``
-    (:data:`SCALINGS`) and the factor that multiplies cos and sin (YaRN's attention
-    temperature; 1 otherwise). ``factor`` is ignored with ``scaling="none"``;
-    ``original_max_len`` is used by YaRN only."""
-    return SCALINGS[scaling](dim, base, factor, original_max_len)
+    (:data:`SCALINGS`, :class:`ScalingSettings` for the others) and the factor that multiplies
+    cos and sin (YaRN's attention temperature; 1 otherwise)."""
+    settings = ScalingSettings(
+        dim, base, factor, original_max_len, low_freq_factor, high_freq_factor
+    )
+    return SCALINGS[scaling](settings)
 
 
 def dynamic_ntk_inverse_frequencies(
@@ -308,6 +348,8 @@ class RotaryEncoding(RotaryStack):
             no axis) or ``rotated`` (:class:`CrossRotaryRule`, x-transformers' ``context_pos``).
         rotate_num_heads: rotate only the last this many heads of every layer, the others
             without positions (x-transformers' ``rotate_num_heads``); ``None``: every head.
+        low_freq_factor, high_freq_factor: ``llama3``'s band limits (:class:`ScalingSettings`;
+            ``None``: Llama 3.1's 1 and 4).
     """
 
     applies_to = "encoder and decoder self-attention (q, k rotated); cross-attention plain"
@@ -334,6 +376,8 @@ class RotaryEncoding(RotaryStack):
         rope_proportion: float | None = None,
         cross_attention: str | None = None,
         rotate_num_heads: int | None = None,
+        low_freq_factor: float | None = None,
+        high_freq_factor: float | None = None,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
         if rotate_num_heads is not None and not 0 < rotate_num_heads <= n_heads:
@@ -366,12 +410,26 @@ class RotaryEncoding(RotaryStack):
             raise ValueError(f"rope: scaling={scaling} needs factor >= 1, got factor={factor}")
         if scaling in ("ntk", "dynamic_ntk") and dim <= 2:
             raise ValueError(f"rope: scaling={scaling} needs more than 2 rotated dims per head")
-        if scaling in ("yarn", "dynamic_ntk") and original_max_len <= 0:
+        if scaling in ("yarn", "dynamic_ntk", "llama3") and original_max_len <= 0:
             raise ValueError(
                 f"rope: scaling={scaling} needs original_max_len > 0 ({original_max_len})"
             )
+        bands = ScalingSettings(dim)
+        low = bands.low_freq_factor if low_freq_factor is None else low_freq_factor
+        high = bands.high_freq_factor if high_freq_factor is None else high_freq_factor
+        if scaling == "llama3" and not 0 < low < high:
+            raise ValueError(
+                f"rope: scaling=llama3 needs 0 < low_freq_factor < high_freq_factor, got "
+                f"{low} and {high}"
+            )
         inv_freq, self.attention_factor = rope_inverse_frequencies(
-            dim, base, scaling, factor, original_max_len
+            dim,
+            base,
+            scaling,
+            factor,
+            original_max_len,
+            low,
+            high,
         )
         if rope_proportion is not None:
             inv_freq = proportional_frequencies(inv_freq, rope_proportion)
