@@ -3,7 +3,8 @@
 
 Usage: ``python scripts/alignment_probe.py --sweep "1+1 layers=outputs/sweeps/compare" --sweep
 "3+3 layers=outputs/sweeps/scaling" --systems nonepe,sinpe,rope [--split test --pairs 200]
---out docs/study/alignment.md``. A run without a checkpoint is left out (and counted).
+--out docs/study/alignment.md``. A run unfinished or without its ``best.pt`` is left out (and
+counted).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import sys
 from pathlib import Path
 
 from posenc.analysis.alignment import probe
-from posenc.analysis.report.runs import group_runs, load_run
+from posenc.analysis.report.runs import DONE, group_runs, load_run
 from posenc.api import load_run as load_trained
 from posenc.data.splits import load_corpora
 from posenc.runtime.files import write_text
-from posenc.runtime.rundir import find_run_dirs
+from posenc.runtime.rundir import RunDir, find_run_dirs
 
 
 def pairs_of(
@@ -61,8 +62,8 @@ def main() -> int:
             if group.label not in systems:
                 continue
             for run in sorted(group.runs, key=lambda r: r.seed):
-                if not (run.path / "checkpoints" / "best.pt").is_file():
-                    missing += 1
+                if run.status != DONE or not RunDir(run.path).best.is_file():
+                    missing += 1  # unfinished, or its checkpoints are gone
                     continue
                 if texts is None:
                     texts = pairs_of(run.path, args.split, args.pairs, (low, high), overrides)
@@ -97,7 +98,7 @@ def main() -> int:
         f"Monotonicity of the cross-attention (the correlation between the target position and "
         f"the expected source position, mean over {len(texts[0])} pairs of `{args.split}` with "
         f"{low}-{high} source words, teacher-forced), mean ± SD over the seeds"
-        + (f"; {missing} runs without a checkpoint left out." if missing else "."),
+        + (f"; {missing} runs unfinished or without a checkpoint left out." if missing else "."),
     ]
     write_text(args.out, "\n".join(lines) + "\n")
     write_text(
