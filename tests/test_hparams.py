@@ -112,8 +112,7 @@ def test_the_sweep_summary_shows_the_encoding_as_differing_with_every_value(swee
     assert infos["pe.name"].differs and infos["seed"].differs
     assert [python(v) for v in infos["pe.name"].domain_discrete.values] == ["nonepe", "rope"]
     assert [python(v) for v in infos["seed"].domain_discrete.values] == [0.0, 1.0]
-    assert not infos["trainer.lr"].differs and not infos["model.tied"].differs
-    assert infos["model.tied"].type == api_pb2.DATA_TYPE_BOOL
+    assert "trainer.lr" not in infos and "model.tied" not in infos  # constant: left out
     assert infos["seed"].type == api_pb2.DATA_TYPE_FLOAT64
     assert sorted(m.name.tag for m in exp.metric_infos) == ["hparam/test_bleu", "hparam/valid_loss"]
 
@@ -126,7 +125,7 @@ def default_columns(exp: api_pb2.Experiment) -> list[str]:
     return [info.name for info in infos[:5]]
 
 
-def test_the_tab_fills_its_default_columns_with_the_model_not_with_file_settings(tmp_path):
+def test_the_tab_shows_the_settings_that_differ_and_no_constant_one(tmp_path):
     constants = {
         "pe._target_": "posenc.model.encodings.rope.build",
         "data.clean.max_words": 250,
@@ -141,8 +140,8 @@ def test_the_tab_fills_its_default_columns_with_the_model_not_with_file_settings
         log_run(tmp_path, name, {**params, **constants}, loss, bleu)
     write_sweep_experiment(tmp_path)
     shown = default_columns(TensorBoardView(tmp_path).experiment())
-    assert shown == ["pe.name", "seed", "model.d_model", "model.encoder_layers", "model.tied"]
-    differing = {**constants, "data.clean.max_words": 100}  # a data setting that differs shows
+    assert shown == ["pe.name", "seed"]  # what differs, not the encoding's class it implies
+    differing = {**constants, "data.clean.max_words": 100}  # a setting that comes to differ
     log_run(tmp_path, "pe=rope,short", {**RUNS["pe=rope"][0], **differing}, 5.0, 3.0)
     write_sweep_experiment(tmp_path)
     assert "data.clean.max_words" in default_columns(TensorBoardView(tmp_path).experiment())
@@ -232,14 +231,14 @@ def test_the_sweep_root_is_hydras_sweep_dir_in_a_multirun_only(tmp_path):
 def test_a_multirun_job_rewrites_the_sweep_summary_when_it_logs_its_session(tmp_path, monkeypatch):
     """What ``posenc.job`` does at the end of an evaluated run, jobs finishing one by one."""
     monkeypatch.setattr("posenc.runtime.hparams.hydra_sweep_root", lambda path: tmp_path)
-    for pe, bleu in (("nonepe", 1.0), ("rope", 2.0)):
+    for pe, bleu, seed in (("nonepe", 1.0, 0), ("rope", 2.0, 1)):
         run_dir = RunDir(tmp_path / f"pe={pe}")
         metrics = {
             "step": 4,
             "train": {"best_valid_loss": 5.0},
             "splits": {"test": {"bleu": bleu, "chrf": 9.0}},
         }
-        _log_hparams(compose(*SMOKE, f"pe={pe}"), run_dir, metrics)
+        _log_hparams(compose(*SMOKE, f"pe={pe}", f"seed={seed}"), run_dir, metrics)
         run_dir.close()
     infos = {info.name: info for info in TensorBoardView(tmp_path).experiment().hparam_infos}
     assert infos["pe.name"].differs

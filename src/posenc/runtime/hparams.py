@@ -10,8 +10,9 @@ differing". Hence:
   (session end) and its final metrics as ``hparam/*`` scalars;
 - a sweep's root directory (the one TensorBoard is pointed at, Hydra's ``outputs/sweeps/NAME``)
   holds one experiment summary, in ``SWEEP/hparams-HASH/`` (:func:`write_sweep_experiment`):
-  every setting any session under the root has, with its discrete domain (every value seen)
-  and ``differs`` where the values differ, and every ``hparam/*`` metric. Each job of a
+  every setting whose value differs between the sessions under the root, with its discrete
+  domain (every value seen), and every ``hparam/*`` metric (constant settings are left out:
+  the tab would fill its default columns with them; the report lists them). Each job of a
   multirun rewrites it when it finishes (after its own session is written, under a lock, so the
   last job to finish sees every session) and so does ``scripts/report.py``;
 - a single run (``outputs/runs/NAME/...``) writes no experiment summary: TensorBoard builds the
@@ -56,11 +57,8 @@ _KINDS = {
     "string_value": api_pb2.DATA_TYPE_STRING,
 }
 
-#: settings left out of a sweep's experiment while every run has the same value: TensorBoard's
-#: HParams tab shows five columns by default, the differing settings and then the constant ones
-#: by name, which would be these (implied by the encoding's name, or about the data's files,
-#: tokenization, evaluation and logging rather than the model); one that differs is kept
-HIDDEN_WHEN_CONSTANT = ("pe._target_", "data.", "tokenizer.", "eval.", "logger.")
+#: settings a sweep's experiment never lists: implied by another (the encoding's class by its name)
+IMPLIED = ("pe._target_",)
 #: a setting's value as the HParams tab holds it
 HParam = bool | int | float | str
 
@@ -182,9 +180,11 @@ def hparam_info(name: str, values: Sequence[struct_pb2.Value]) -> api_pb2.HParam
 
 
 def experiment(sessions: Sequence[Session], description: str = "") -> api_pb2.Experiment:
-    """The experiment of ``sessions``: every setting any of them has (:func:`hparam_info`) but
-    the constant ones of :data:`HIDDEN_WHEN_CONSTANT`, and every ``hparam/*`` metric, by name;
-    created when the last session started."""
+    """The experiment of ``sessions``: every setting whose value differs between them
+    (:func:`hparam_info`; not :data:`IMPLIED` ones) and every ``hparam/*`` metric, by name;
+    created when the last session started. TensorBoard's HParams tab shows five settings by
+    default, the differing ones first and then constant ones by name, which told nothing;
+    constant settings are in the report's shared setup instead."""
     names = sorted({name for s in sessions for name in s.hparams})
     tags = sorted({tag for s in sessions for tag in s.metrics})
     infos = [
@@ -194,9 +194,7 @@ def experiment(sessions: Sequence[Session], description: str = "") -> api_pb2.Ex
     return api_pb2.Experiment(
         description=description,
         time_created_secs=max((s.start for s in sessions), default=0.0),
-        hparam_infos=[
-            info for info in infos if info.differs or not info.name.startswith(HIDDEN_WHEN_CONSTANT)
-        ],
+        hparam_infos=[info for info in infos if info.differs and info.name not in IMPLIED],
         metric_infos=[
             api_pb2.MetricInfo(
                 name=api_pb2.MetricName(tag=tag), display_name=tag.removeprefix(METRIC_PREFIX)
