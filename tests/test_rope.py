@@ -374,3 +374,23 @@ def test_llama3_keeps_short_waves_divides_long_ones_and_blends_between():
         assert encoding.inv_freq[i].item() == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ValueError, match="llama3 needs 0 < low_freq_factor < high_freq_factor"):
         make_rope(scaling="llama3", factor=2.0, low_freq_factor=4.0, high_freq_factor=1.0)
+
+
+def test_yarn_temperature_with_deepseeks_mscale_matches_transformers():
+    params = {"scaling": "yarn", "factor": 4.0, "original_max_len": 32}
+    ours = make_rope(32, mscale=0.707, mscale_all_dim=1.0, **params)
+    config = llama_config(
+        32,
+        1.0,
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+            "mscale": 0.707,
+            "mscale_all_dim": 1.0,
+        },
+    )
+    inv_freq, attention = ROPE_INIT_FUNCTIONS["yarn"](config)
+    torch.testing.assert_close(ours.inv_freq, inv_freq)
+    assert ours.attention_factor == pytest.approx(attention)
+    assert ours.attention_factor != pytest.approx(make_rope(32, **params).attention_factor)

@@ -92,9 +92,19 @@ def proportional_frequencies(inv_freq: Tensor, rope_proportion: float) -> Tensor
     return out
 
 
-def yarn_attention_factor(factor: float) -> float:
-    """YaRN's temperature ``sqrt(1/t) = 0.1 ln(factor) + 1`` (1 for ``factor <= 1``)."""
-    return 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+def yarn_attention_factor(
+    factor: float, mscale: float | None = None, mscale_all_dim: float | None = None
+) -> float:
+    """YaRN's temperature ``sqrt(1/t) = 0.1 ln(factor) + 1`` (1 for ``factor <= 1``); with
+    ``mscale`` and ``mscale_all_dim`` (DeepSeek-V2's form, as transformers reads them) the ratio
+    ``(0.1 mscale ln(factor) + 1) / (0.1 mscale_all_dim ln(factor) + 1)``."""
+
+    def temperature(weight: float) -> float:
+        return 0.1 * weight * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+
+    if mscale and mscale_all_dim:
+        return temperature(mscale) / temperature(mscale_all_dim)
+    return temperature(1.0)
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,8 @@ class ScalingSettings:
     """What a context-extension scaling reads: ``dim`` rotated dims, RoPE's ``base``, the
     extension ``factor``, the training length ``original_max_len``, and Llama 3's band limits
     (wavelengths beyond ``original_max_len / low_freq_factor`` are interpolated, those below
-    ``original_max_len / high_freq_factor`` kept; Llama 3.1's 1 and 4)."""
+    ``original_max_len / high_freq_factor`` kept; Llama 3.1's 1 and 4), and YaRN's
+    ``mscale``/``mscale_all_dim`` (:func:`yarn_attention_factor`)."""
 
     dim: int
     base: float = 10000.0
@@ -110,6 +121,8 @@ class ScalingSettings:
     original_max_len: int = 256
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
 
 Scaling = Callable[[ScalingSettings], tuple[Tensor, float]]
@@ -151,7 +164,7 @@ def _yarn(s: ScalingSettings) -> tuple[Tensor, float]:
     # 0 below ``low`` (fast pairs: extrapolate), 1 above ``high`` (slow pairs: interpolate).
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0.0, 1.0)
     inv_freq = inv_freq * (1.0 - ramp) + inv_freq / s.factor * ramp
-    return inv_freq, yarn_attention_factor(s.factor)
+    return inv_freq, yarn_attention_factor(s.factor, s.mscale, s.mscale_all_dim)
 
 
 def _llama3(s: ScalingSettings) -> tuple[Tensor, float]:
@@ -191,12 +204,21 @@ def rope_inverse_frequencies(
     original_max_len: int = 256,
     low_freq_factor: float = 1.0,
     high_freq_factor: float = 4.0,
+    mscale: float | None = None,
+    mscale_all_dim: float | None = None,
 ) -> tuple[Tensor, float]:
     """Inverse frequencies ``theta (dim/2,)`` for ``dim`` rotated dims under ``scaling``
     (:data:`SCALINGS`, :class:`ScalingSettings` for the others) and the factor that multiplies
     cos and sin (YaRN's attention temperature; 1 otherwise)."""
     settings = ScalingSettings(
-        dim, base, factor, original_max_len, low_freq_factor, high_freq_factor
+        dim,
+        base,
+        factor,
+        original_max_len,
+        low_freq_factor,
+        high_freq_factor,
+        mscale,
+        mscale_all_dim,
     )
     return SCALINGS[scaling](settings)
 
@@ -350,6 +372,8 @@ class RotaryEncoding(RotaryStack):
             without positions (x-transformers' ``rotate_num_heads``); ``None``: every head.
         low_freq_factor, high_freq_factor: ``llama3``'s band limits (:class:`ScalingSettings`;
             ``None``: Llama 3.1's 1 and 4).
+        mscale, mscale_all_dim: YaRN's temperature as DeepSeek-V2 sets it
+            (:func:`yarn_attention_factor`; ``None``: the paper's ``0.1 ln(factor) + 1``).
     """
 
     applies_to = "encoder and decoder self-attention (q, k rotated); cross-attention plain"
@@ -378,6 +402,8 @@ class RotaryEncoding(RotaryStack):
         rotate_num_heads: int | None = None,
         low_freq_factor: float | None = None,
         high_freq_factor: float | None = None,
+        mscale: float | None = None,
+        mscale_all_dim: float | None = None,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
         if rotate_num_heads is not None and not 0 < rotate_num_heads <= n_heads:
@@ -430,6 +456,8 @@ class RotaryEncoding(RotaryStack):
             original_max_len,
             low,
             high,
+            mscale,
+            mscale_all_dim,
         )
         if rope_proportion is not None:
             inv_freq = proportional_frequencies(inv_freq, rope_proportion)
