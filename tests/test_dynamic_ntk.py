@@ -15,12 +15,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from posenc.model.encodings.base import AttentionCall, Site
-from posenc.model.encodings.rotary import (
-    DynamicNTKEncoderRule,
-    DynamicNTKTables,
-    RotaryEncoding,
-    dynamic_ntk_inverse_frequencies,
-)
+from posenc.model.encodings.rope_scaling import dynamic_ntk_inverse_frequencies
+from posenc.model.encodings.rotary import DynamicNTKEncoderRule, DynamicNTKTables, RotaryEncoding
 from posenc.model.encodings.rotation import RotaryRule
 from posenc.model.layers import DecoderCache
 

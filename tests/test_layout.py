@@ -83,9 +83,15 @@ def test_no_encoding_is_named_in_code_outside_its_module(path):
 
 
 ENCODINGS = "posenc.model.encodings"
-#: the modules an encoding module may import from its own package: the base, and the helpers
-#: that several encodings share (``rotation``: the rotary encodings' rotation of q and k)
-ENCODING_LIBRARIES = {f"{ENCODINGS}.base", f"{ENCODINGS}.common", f"{ENCODINGS}.rotation"}
+#: the modules an encoding module may import from its own package: the base, the helpers that
+#: several encodings share (``rotation``: the rotary encodings' rotation of q and k) and RoPE's
+#: context-extension scalings (``rope_scaling``, a table apart as transformers keeps its own)
+ENCODING_LIBRARIES = {
+    f"{ENCODINGS}.base",
+    f"{ENCODINGS}.common",
+    f"{ENCODINGS}.rotation",
+    f"{ENCODINGS}.rope_scaling",
+}
 
 
 def package_imports(path: Path) -> list[str]:

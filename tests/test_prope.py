@@ -17,7 +17,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from posenc.config import plain
 from posenc.config.identity import identity
 from posenc.model.encodings.base import AttentionCall, Site
-from posenc.model.encodings.rotary import SCALINGS, DynamicNTKEncoderRule, RotaryEncoding
+from posenc.model.encodings.rope_scaling import SCALINGS
+from posenc.model.encodings.rotary import DynamicNTKEncoderRule, RotaryEncoding
 from posenc.model.encodings.rotation import RotaryRule
 
 CASES = [(8, 0.75), (10, 0.5), (16, 0.25), (32, 0.3), (64, 0.875), (16, 1.0)]
