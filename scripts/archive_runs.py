@@ -1,55 +1,62 @@
-"""Keep a sweep's finished runs as text in the repository, since ``outputs/`` may not outlive the
-machine it was written on, and put them back before the sweep resumes.
+"""Keep a sweep's finished runs in the repository, one compressed archive per sweep, since
+``outputs/`` may not outlive the machine it was written on, and put them back before the sweep
+resumes.
 
-    python scripts/archive_runs.py save outputs/sweeps/compare docs/study/runs/compare
-    python scripts/archive_runs.py restore docs/study/runs/compare outputs/sweeps/compare
-    python scripts/archive_runs.py compress docs/study/runs/compare
+    python scripts/archive_runs.py save outputs/sweeps/compare docs/study/runs/compare.tar.xz
+    python scripts/archive_runs.py restore docs/study/runs/compare.tar.xz outputs/sweeps/compare
 
-``save`` copies, for every run trained and evaluated to its last step, the files a report reads
+``save`` keeps, for every run trained and evaluated to its last step, the files a report reads
 (:data:`ARCHIVED`: settings, scores, training summary, hypotheses, sentence losses,
 ``scalars.csv`` of the curves, standalone evaluations under ``evals/``), never checkpoints or
 TensorBoard events, with paths inside the checkout the runs were made in written relative to it
-and the home directory ``~``
-(:mod:`posenc.analysis.portable`); a continued run replaces its archived files, and a file the
-run lacks is never deleted from the archive (a ``scalars.csv`` made from the events of a run that
-had none stays). ``restore`` copies archived runs
-into a sweep that lacks them, never over a run that is there, each whole or not at all (into a
-hidden folder first, renamed into place). An archive is untrusted input: links are never
-followed, a file over :data:`MAX_FILE_BYTES` or not a regular file leaves its run out (one
-line saying which), nothing is read whole into memory beyond that cap. A restored run answers
-"nothing to do" to the same settings and budget, and ``scripts/report.py`` reads its curves
-from ``scalars.csv``. Symbolic links are never followed or copied.
+and the home directory ``~`` (:mod:`posenc.analysis.portable`); a continued run replaces its
+archived files, and a file the run lacks is never deleted from the archive (a ``scalars.csv``
+made from the events of a run that had none stays). ``restore`` writes archived runs into a
+sweep that lacks them, never over a run that is there, each whole or not at all (into a hidden
+folder first, renamed into place). A restored run answers "nothing to do" to the same settings
+and budget, and ``scripts/report.py`` reads its curves from ``scalars.csv``.
 
 The references a run was scored against (``references.*.txt``, the same for every run of a
-data set) are kept once per archive, by content, in ``ARCHIVE/references/<digest>.txt``; each
-run's ``references.json`` maps its files to them, and ``restore`` writes them back, so the
-report compares restored runs on their sentences too.
+data set) are kept once per archive, by content, as ``references/<digest>.txt``; each run's
+``references.json`` maps its files to them, and ``restore`` writes them back, so the report
+compares restored runs on their sentences too.
 
-The bulky files (:data:`COMPRESSED`: hypotheses, sentence losses, curves, and the shared
-references) are kept gzip-compressed as ``NAME.gz`` (written reproducibly: no time stamp or file
-name inside); ``restore`` writes them back as they were. ``compress`` converts an archive kept
-before that in place; ``restore`` reads either form.
+The archive is one tar file compressed with xz, solid: the hypotheses of different runs for
+the same sentences compress against each other. Its members are ordered by file name, then
+path, so alike files lie within the compressor's window, and it is written reproducibly (no
+time stamps, owners or modes: the same runs give the same bytes) and atomically, only when its
+content changed. An archive is untrusted input: a member that is not a regular file, has a
+path that is absolute, hidden or climbs out with ``..``, or is over :data:`MAX_FILE_BYTES`
+leaves its run out (one line saying which); an archive over :data:`MAX_ARCHIVE_BYTES`, packed
+or unpacked, or no xz-compressed tar is refused whole. Links in a sweep are never followed.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import io
 import json
+import lzma
+import os
 import shutil
 import sys
+import tarfile
 import tempfile
-from pathlib import Path
+from collections import defaultdict
+from pathlib import Path, PurePosixPath
 
 from posenc.analysis.portable import portable
 from posenc.runtime.untrusted import UntrustedFileError, read_bytes
 
 #: the largest file archived or restored (newstest2014's hypotheses are about 0.4 MB)
 MAX_FILE_BYTES = 100_000_000
+#: the largest archive, packed or unpacked (compare's runs unpack to about 180 MB)
+MAX_ARCHIVE_BYTES = 2_000_000_000
+#: xz's preset: its 64 MiB window holds every run's hypotheses of one test set
+XZ_PRESET = 9
 
-#: the files of a run (and of each ``evals/NAME/``) kept as text, as glob patterns
+#: the files of a run (and of each ``evals/NAME/``) archived, as glob patterns
 ARCHIVED = (
     "config.yaml",
     "eval_config.yaml",
@@ -59,77 +66,19 @@ ARCHIVED = (
     "losses.*.tsv",
     "scalars.csv",
 )
-
-
-#: the files of :data:`ARCHIVED` kept compressed, as ``NAME.gz`` (the shared ones are too)
-COMPRESSED = ("hypotheses.*.txt", "losses.*.tsv", "scalars.csv")
-GZ = ".gz"
-
-
-def compressed(name: str) -> bool:
-    """Whether a file called ``name`` is kept compressed in an archive."""
-    return any(Path(name).match(pattern) for pattern in COMPRESSED)
-
-
-def packed(data: bytes) -> bytes:
-    """``data`` gzip-compressed, the same bytes for the same data (no time stamp, no name)."""
-    buffer = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as handle:
-        handle.write(data)
-    return buffer.getvalue()
-
-
-def read_archived(path: Path) -> bytes:
-    """The content of an archived file: ``path`` itself, or ``path.gz`` unpacked (at most
-    :data:`MAX_FILE_BYTES` either way).
-
-    Raises:
-        UntrustedFileError: the file is too large, unpacks beyond the cap, or is no gzip.
-    """
-    packed_path = path.with_name(path.name + GZ)
-    if not packed_path.is_file() or packed_path.is_symlink():
-        return read_bytes(path, MAX_FILE_BYTES)
-    try:
-        with gzip.GzipFile(fileobj=io.BytesIO(read_bytes(packed_path, MAX_FILE_BYTES))) as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
-    except (OSError, EOFError) as err:
-        raise UntrustedFileError(packed_path, f"is no gzip file ({err})", "restore it") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise UntrustedFileError(
-            packed_path, f"unpacks to more than {MAX_FILE_BYTES} bytes", "remove it"
-        )
-    return data
-
-
-def write_archived(path: Path, data: bytes, pack: bool | None = None) -> bool:
-    """Keep ``data`` as the archived file ``path``, compressed as ``path.gz`` when ``pack``
-    (default: when :func:`compressed`), the other form removed; whether anything changed."""
-    pack = compressed(path.name) if pack is None else pack
-    target = path.with_name(path.name + GZ) if pack else path
-    other = path if target != path else path.with_name(path.name + GZ)
-    content = packed(data) if target != path else data
-    unchanged = target.is_file() and target.read_bytes() == content
-    if not unchanged:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
-    if other.is_file():
-        other.unlink()
-        return True
-    return not unchanged
-
-
 #: the files kept once per archive by content (see the module docstring)
 SHARED = ("references.*.txt",)
 REFERENCES = "references"  # the archive's folder of shared files
 REFERENCE_MAP = "references.json"  # a run's map from its shared files to their digests
 
+SUFFIX = ".tar.xz"  # an archive's file name ends so
+Files = dict[str, bytes]  # an archive's content: member path -> bytes
+
 
 def archived_files(run: Path, patterns: tuple[str, ...] = ARCHIVED) -> list[Path]:
     """The files of ``run`` matching ``patterns`` (default :data:`ARCHIVED`), relative to it,
     sorted (links left out, and hidden folders: an evaluation still running writes into
-    ``evals/.NAME.XXXX/``, renamed to ``evals/NAME/`` once complete). In an archive a
-    compressed file ``NAME.gz`` counts as ``NAME``."""
-    patterns = (*patterns, *(pattern + GZ for pattern in patterns))
+    ``evals/.NAME.XXXX/``, renamed to ``evals/NAME/`` once complete)."""
     found: set[Path] = set()
     evals = [] if (run / "evals").is_symlink() else sorted((run / "evals").glob("*"))
     for folder in [run, *evals]:
@@ -137,47 +86,123 @@ def archived_files(run: Path, patterns: tuple[str, ...] = ARCHIVED) -> list[Path
             continue
         for pattern in patterns:
             found.update(
-                p.relative_to(run).with_suffix("") if p.suffix == GZ else p.relative_to(run)
+                p.relative_to(run)
                 for p in folder.glob(pattern)
                 if p.is_file() and not p.is_symlink()
             )
     return sorted(found)
 
 
-def save_shared(source: Path, target: Path, store: Path) -> bool:
-    """Keep ``source``'s shared files in ``store`` by content and their map in
-    ``target/references.json`` (entries of files the run lacks stay); whether it changed."""
-    path = target / REFERENCE_MAP
-    mapping = json.loads(path.read_text()) if path.is_file() else {}
-    before = dict(mapping)
-    for relative in archived_files(source, SHARED):
-        data = read_bytes(source / relative, MAX_FILE_BYTES)
+def member_problem(member: tarfile.TarInfo) -> str | None:
+    """Why ``member`` may not be restored, or None when it may."""
+    path = PurePosixPath(member.name)
+    if not member.isfile():
+        return f"{member.name} is not a regular file"
+    if path.is_absolute() or "\\" in member.name:
+        return f"{member.name} is not a relative path"
+    if any(part in ("", ".", "..") or part.startswith(".") for part in path.parts):
+        return f"{member.name} is hidden or climbs out of the archive"
+    if member.size > MAX_FILE_BYTES:
+        return f"{member.name} is larger than {MAX_FILE_BYTES:,} bytes"
+    return None
+
+
+def load(archive: Path) -> tuple[Files, dict[str, str]]:
+    """The members of ``archive`` (none when it does not exist) and the runs left out, each
+    with the reason (see the module docstring).
+
+    Raises:
+        UntrustedFileError: the archive is too large, unpacked or not, or no xz-compressed tar.
+    """
+    if not archive.exists() and not archive.is_symlink():
+        return {}, {}
+    data = read_bytes(archive, MAX_ARCHIVE_BYTES)
+    files: Files = {}
+    refused: dict[str, str] = {}
+    try:
+        unpacker = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+        tar_bytes = unpacker.decompress(data, max_length=MAX_ARCHIVE_BYTES + 1)
+        if len(tar_bytes) > MAX_ARCHIVE_BYTES:
+            raise UntrustedFileError(
+                archive, f"unpacks to more than {MAX_ARCHIVE_BYTES:,} bytes", "remove it"
+            )
+        if not unpacker.eof:  # tarfile would take a stream cut short for the archive's end
+            raise EOFError("the xz stream is cut short")
+        with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:") as tar:
+            for member in tar:
+                problem = member_problem(member)
+                if problem is not None:
+                    refused.setdefault(member.name.split("/", 1)[0], problem)
+                    continue
+                handle = tar.extractfile(member)
+                files[member.name] = handle.read() if handle is not None else b""
+    except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as err:
+        raise UntrustedFileError(
+            archive, f"is no xz-compressed tar file ({err})", "restore it from version control"
+        ) from None
+    return {
+        name: body for name, body in files.items() if name.split("/")[0] not in refused
+    }, refused
+
+
+def packed(files: Files) -> bytes:
+    """``files`` as a reproducible xz-compressed tar (see the module docstring)."""
+    buffer = io.BytesIO()
+    with tarfile.open(
+        fileobj=buffer, mode="w:xz", preset=XZ_PRESET, format=tarfile.PAX_FORMAT
+    ) as tar:
+        for name in sorted(files, key=lambda name: (PurePosixPath(name).name, name)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(files[name]), 0o644, 0
+            tar.addfile(info, io.BytesIO(files[name]))
+    return buffer.getvalue()
+
+
+def write(archive: Path, files: Files) -> None:
+    """Write ``files`` as ``archive``, atomically (a temporary file renamed into place)."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{archive.name}.", dir=archive.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(packed(files))
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, archive)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def run_files(run: Path, roots: tuple[Path, ...]) -> Files:
+    """The members that archive ``run``: its files of :data:`ARCHIVED` made portable
+    (``roots``: the checkouts whose paths are made relative), its shared files by digest and
+    their map (as ``RUN/references.json``)."""
+    files = {
+        f"{run.name}/{relative.as_posix()}": portable(
+            read_bytes(run / relative, MAX_FILE_BYTES), roots
+        )
+        for relative in archived_files(run)
+    }
+    mapping = {}
+    for relative in archived_files(run, SHARED):
+        data = read_bytes(run / relative, MAX_FILE_BYTES)
         digest = hashlib.sha256(data).hexdigest()[:16]
-        stored = store / f"{digest}.txt"
-        if not stored.is_file() and not stored.with_name(stored.name + GZ).is_file():
-            write_archived(stored, data, pack=True)
-        mapping[str(relative)] = digest
-    if mapping == before:
-        return False
-    target.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(mapping, indent=1, sort_keys=True) + "\n")
-    return True
+        files[f"{REFERENCES}/{digest}.txt"] = data
+        mapping[relative.as_posix()] = digest
+    if mapping:
+        files[f"{run.name}/{REFERENCE_MAP}"] = json.dumps(
+            mapping, indent=1, sort_keys=True
+        ).encode()
+    return files
 
 
-def restore_shared(archived: Path, target: Path, store: Path) -> None:
-    """Write the shared files of ``archived/references.json`` from ``store`` into ``target``
-    (an entry naming a path outside the run, or a missing file, is left out)."""
-    path = archived / REFERENCE_MAP
-    if not path.is_file():
-        return
-    for relative, digest in json.loads(path.read_text()).items():
-        stored = store / f"{digest}.txt"
-        destination = (target / relative).resolve()
-        inside = destination.is_relative_to(target.resolve())
-        present = stored.is_file() or stored.with_name(stored.name + GZ).is_file()
-        if inside and present and "/" not in digest:
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            destination.write_bytes(read_archived(stored))
+def merged(files: Files, run: Files, name: str) -> Files:
+    """``files`` with the members of the run ``name`` replaced by ``run``'s (a file the run
+    lacks stays; its reference map keeps the entries of files it lacks)."""
+    key = f"{name}/{REFERENCE_MAP}"
+    if key in run and key in files:
+        mapping = json.loads(files[key]) | json.loads(run[key])
+        run = run | {key: json.dumps(mapping, indent=1, sort_keys=True).encode()}
+    return files | run
 
 
 def is_finished(run: Path) -> bool:
@@ -198,24 +223,6 @@ def run_dirs(sweep: Path) -> list[Path]:
     )
 
 
-def copy_run(source: Path, target: Path, roots: tuple[Path, ...] = ()) -> bool:
-    """Archive a run's files from ``source`` into ``target`` (``roots``: the checkouts whose
-    paths are made relative); whether anything changed."""
-    changed = False
-    for relative in archived_files(source):
-        text = portable(read_bytes(source / relative, MAX_FILE_BYTES), roots)
-        changed |= write_archived(target / relative, text)
-    return changed
-
-
-def unpack_run(archived: Path, target: Path) -> None:
-    """Write an archived run's files from ``archived`` into ``target`` as the run had them."""
-    for relative in archived_files(archived):
-        destination = target / relative
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        destination.write_bytes(read_archived(archived / relative))
-
-
 def checkout_of(sweep: Path) -> Path:
     """The checkout a sweep ``.../outputs/sweeps/NAME`` was made in (its runs' relative paths
     are relative to it); the sweep's parent for any other layout."""
@@ -226,66 +233,98 @@ def checkout_of(sweep: Path) -> Path:
     return sweep.parent
 
 
+def checked_load(archive: Path) -> tuple[Files, dict[str, str]]:
+    """:func:`load`, or the end of the program with its one-line error."""
+    try:
+        return load(archive)
+    except UntrustedFileError as err:
+        sys.exit(f"archive_runs: {err}")
+
+
 def save(sweep: Path, archive: Path) -> None:
-    """Archive every finished run of ``sweep`` under ``archive/<run name>/``."""
+    """Archive every finished run of ``sweep`` in ``archive`` (rewritten only if it changed)."""
+    files, refused = checked_load(archive)
+    if refused:
+        run, problem = next(iter(refused.items()))
+        sys.exit(f"archive_runs: {archive}: run {run}: {problem}; restore it from version control")
+    before = dict(files)
     for run in run_dirs(sweep):
         if not is_finished(run):
             continue
         try:
-            changed = copy_run(run, archive / run.name, (checkout_of(sweep),))
-            if save_shared(run, archive / run.name, archive / REFERENCES) or changed:
-                print(f"archived {run.name}")
+            updated = merged(files, run_files(run, (checkout_of(sweep),)), run.name)
         except UntrustedFileError as err:
             print(f"not archived {run.name}: {err}")
+            continue
+        if updated != files:
+            files = updated
+            print(f"archived {run.name}")
+    if files != before:
+        write(archive, files)
+
+
+def unpacked_run(files: Files, name: str) -> Files:
+    """The files of the archived run ``name``, relative to it, as the run had them (its shared
+    files written back from the archive's references).
+
+    Raises:
+        UntrustedFileError: its reference map is unreadable or names a reference not there.
+    """
+    prefix = f"{name}/"
+    run = {key[len(prefix) :]: body for key, body in files.items() if key.startswith(prefix)}
+    mapping_bytes = run.pop(REFERENCE_MAP, b"{}")
+    where = Path(name) / REFERENCE_MAP
+    try:
+        mapping = json.loads(mapping_bytes)
+    except ValueError as err:
+        raise UntrustedFileError(where, f"is no JSON ({err})", "remove the run") from None
+    if not isinstance(mapping, dict):
+        raise UntrustedFileError(where, "is no mapping", "remove the run")
+    for relative, digest in mapping.items():
+        shared = files.get(f"{REFERENCES}/{digest}.txt") if isinstance(digest, str) else None
+        if shared is None or member_problem(tarfile.TarInfo(f"{name}/{relative}")) is not None:
+            raise UntrustedFileError(where, f"names {relative!r} badly", "remove the run")
+        run[relative] = shared
+    return run
 
 
 def restore(archive: Path, sweep: Path) -> None:
-    """Copy archived runs into ``sweep`` where it has no directory of that name."""
+    """Write the runs of ``archive`` into ``sweep`` where it has no directory of that name."""
+    files, refused = checked_load(archive)
+    for run, problem in refused.items():
+        print(f"not restored {run}: {problem}")
+    runs: defaultdict[str, bool] = defaultdict(bool)
+    for key in files:
+        runs[key.split("/", 1)[0]] |= key.endswith("/config.yaml") and key.count("/") == 1
     sweep.mkdir(parents=True, exist_ok=True)
-    for run in run_dirs(archive):
-        if (sweep / run.name).exists():
+    for name in sorted(run for run, has_config in runs.items() if has_config):
+        if (sweep / name).exists() or (sweep / name).is_symlink():
             continue
-        work = Path(tempfile.mkdtemp(prefix=f".{run.name}.", dir=sweep))
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=sweep))
         try:
-            unpack_run(run, work)
-            restore_shared(run, work, archive / REFERENCES)
-            work.rename(sweep / run.name)
-            print(f"restored {run.name}")
+            for relative, body in unpacked_run(files, name).items():
+                (work / relative).parent.mkdir(parents=True, exist_ok=True)
+                (work / relative).write_bytes(body)
+            work.rename(sweep / name)
+            print(f"restored {name}")
         except UntrustedFileError as err:
-            print(f"not restored {run.name}: {err}")
+            print(f"not restored {name}: {err}")
         finally:
             shutil.rmtree(work, ignore_errors=True)
-
-
-def compress(archive: Path) -> None:
-    """Keep the bulky files of an archive kept before compression compressed (in place)."""
-    store = archive / REFERENCES
-    for folder in [*run_dirs(archive), store]:
-        if not folder.is_dir():
-            continue
-        for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
-            if path.suffix != GZ and (folder == store or compressed(path.name)):
-                write_archived(path, read_bytes(path, MAX_FILE_BYTES), pack=True)
-    print(f"compressed {archive}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("action", choices=("save", "restore", "compress"))
-    parser.add_argument(
-        "source", type=Path, help="the sweep (save) or the archive (restore, compress)"
-    )
-    parser.add_argument(
-        "target", type=Path, nargs="?", help="the archive (save) or the sweep (restore)"
-    )
+    parser.add_argument("action", choices=("save", "restore"))
+    parser.add_argument("source", type=Path, help="the sweep (save) or the archive (restore)")
+    parser.add_argument("target", type=Path, help="the archive (save) or the sweep (restore)")
     args = parser.parse_args(argv)
-    if args.action == "compress":
-        compress(args.source)
-    elif args.target is None:
-        parser.error(f"{args.action} needs a target: the archive (save) or the sweep (restore)")
-    elif args.action == "save":
+    archive = args.target if args.action == "save" else args.source
+    if not archive.name.endswith(SUFFIX):
+        parser.error(f"{archive} is no archive: name one file per sweep, SWEEP{SUFFIX}")
+    if args.action == "save":
         save(args.source, args.target)
     else:
         restore(args.source, args.target)

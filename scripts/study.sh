@@ -20,9 +20,9 @@
 # loses at most trainer.valid_every steps, back to its last checkpoint; to stop exactly after a
 # step, send SIGTERM to the joblib worker processes themselves). Running it again resumes:
 # finished runs return at once, unfinished ones continue from their checkpoint.
-# outputs/ may not outlive the machine: every sweep's finished runs are archived as text in
-# $ARCHIVE/<sweep>/ (default docs/study/runs; scripts/archive_runs.py: at the start, every ARCHIVE_EVERY seconds and
-# at the end) and restored from there before the sweep resumes; commit docs/study/runs.
+# outputs/ may not outlive the machine: every sweep's finished runs are archived in
+# $ARCHIVE/<sweep>.tar.xz (default docs/study/runs; scripts/archive_runs.py: at the start, every ARCHIVE_EVERY
+# seconds and at the end) and restored from there before the sweep resumes; commit docs/study/runs.
 # Then: scripts/report.py on each sweep (docs/RESULTS.md says which), scripts/update_results.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,16 +35,16 @@ common=(threads=1 hydra/launcher=joblib hydra.launcher.n_jobs=2 trainer.progress
 
 source scripts/study_sets.sh  # VARIANTS ... SEED_REPORT_PES
 ARCHIVE_EVERY=${ARCHIVE_EVERY:-300}
-ARCHIVE=${ARCHIVE:-docs/study/runs}  # where the runs are kept as text (another checkout's, say)
+ARCHIVE=${ARCHIVE:-docs/study/runs}  # where the runs are archived (another checkout's, say)
 SWEEPS=(compare extrapolation seed_report scaling)
 
-archive() {  # save (or restore) every sweep's finished runs as text in $ARCHIVE
+archive() {  # save (or restore) every sweep's finished runs in $ARCHIVE/<sweep>.tar.xz
   local sweep
   for sweep in "${SWEEPS[@]}"; do
     if [ "$1" = save ] && [ -d "outputs/sweeps/$sweep" ]; then
-      $PY scripts/archive_runs.py save "outputs/sweeps/$sweep" "$ARCHIVE/$sweep"
-    elif [ "$1" = restore ] && [ -d "$ARCHIVE/$sweep" ]; then
-      $PY scripts/archive_runs.py restore "$ARCHIVE/$sweep" "outputs/sweeps/$sweep"
+      $PY scripts/archive_runs.py save "outputs/sweeps/$sweep" "$ARCHIVE/$sweep.tar.xz"
+    elif [ "$1" = restore ] && [ -f "$ARCHIVE/$sweep.tar.xz" ]; then
+      $PY scripts/archive_runs.py restore "$ARCHIVE/$sweep.tar.xz" "outputs/sweeps/$sweep"
     fi
   done
 }

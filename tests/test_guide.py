@@ -65,3 +65,22 @@ def test_the_gallery_shows_every_encoding_and_only_its_pictures():
     assert sorted(p.name for p in gallery.iterdir()) == sorted(
         ["README.md", *(f"{n}.png" for n in PE_NAMES)]
     )
+
+
+def test_every_picture_under_docs_is_shown_by_a_page():
+    """A figure no page links is dead weight in every clone."""
+    shown = set()
+    for page in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s#]+)|src=\"([^\"#]+)\"", text):
+            shown.add((page.parent / (target[0] or target[1])).resolve())
+    pictures = {p.resolve() for p in (ROOT / "docs").rglob("*.png")}
+    assert sorted(str(p.relative_to(ROOT)) for p in pictures - shown) == []
+
+
+def test_the_documents_and_the_study_archive_stay_a_small_part_of_a_clone():
+    """The study's runs are kept as one xz archive per sweep and figures as palette PNGs, so
+    that a clone is mostly code: docs/ stays under 50 MB (44 MB in all were tracked on
+    2026-11-27)."""
+    size = sum(p.stat().st_size for p in (ROOT / "docs").rglob("*") if p.is_file())
+    assert size < 50_000_000

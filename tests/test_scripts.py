@@ -3,10 +3,13 @@ what they promise (tiny models, a few positions: seconds)."""
 
 from __future__ import annotations
 
-import gzip
+import io
 import json
+import os
 import runpy
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -178,12 +181,25 @@ def test_lr_search_table_gives_each_encodings_best_rate_and_every_trial(tmp_path
     assert "| sinpe | 0.001 | 5.900 | 0.001: 5.900, 0.003: 6.000 |" in text
 
 
+def archive_members(archive: Path) -> dict[str, bytes]:
+    """The members of an archive, read with nothing but the standard library."""
+    with tarfile.open(archive, "r:xz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+
+
+def tar_xz(path: Path, members: list[tarfile.TarInfo], bodies: list[bytes]) -> None:
+    """Write an archive of ``members`` as a stranger might (any type, path or size)."""
+    with tarfile.open(path, "w:xz") as tar:
+        for member, body in zip(members, bodies, strict=True):
+            tar.addfile(member, io.BytesIO(body) if member.isfile() else None)
+
+
 def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_overwriting(
     tmp_path,
 ):
     script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
     checkout = tmp_path / "checkout"
-    sweep, archive = checkout / "outputs" / "sweeps" / "compare", tmp_path / "archive"
+    sweep, archive = checkout / "outputs" / "sweeps" / "compare", tmp_path / "compare.tar.xz"
     files = {
         "config.yaml": f"dir: {checkout}/../shared/data\ncache_dir: {Path.home()}/.cache\n"
         f"vocab_file: {tmp_path}/shared/vocab.txt\n",  # POSENC_DATA set to the shared folder
@@ -207,28 +223,23 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
                 (sweep / name / path).write_text(text)
     (sweep / "done" / "hypotheses.long.txt").symlink_to(tmp_path / "elsewhere.txt")
     script["save"](sweep, archive)
-    kept = sorted(str(p.relative_to(archive)) for p in archive.rglob("*") if p.is_file())
+    kept = archive_members(archive)
     shared = [p for p in kept if p.startswith("references/")]  # by content, once per archive
-    assert len(shared) == 1 and gzip.decompress((archive / shared[0]).read_bytes()) == (
-        b"the reference\n"
-    )
-    per_run = {"done/references.json", *shared}
-    bulky = ("hypotheses.test.txt", "scalars.csv")  # kept compressed, the small files as text
-    assert [p for p in kept if p not in per_run] == sorted(
-        f"done/{p}" + (".gz" if p in bulky else "")
+    assert len(shared) == 1 and kept[shared[0]] == b"the reference\n"
+    assert sorted(p for p in kept if p not in {"done/references.json", *shared}) == sorted(
+        f"done/{p}"
         for p in files
         if not p.startswith(("checkpoints", "tb", "references", "evals/."))
     )
-    references = json.loads((archive / "done" / "references.json").read_text())
-    assert list(references) == ["references.test.txt"]
-    config = (archive / "done" / "config.yaml").read_text()
+    assert list(json.loads(kept["done/references.json"])) == ["references.test.txt"]
+    config = kept["done/config.yaml"].decode()
     assert config == "dir: ../shared/data\ncache_dir: ~/.cache\nvocab_file: ../shared/vocab.txt\n"
 
     (sweep / "done" / "hypotheses.test.txt").write_text("b\n")  # the run was continued
     (sweep / "done" / "scalars.csv").unlink()  # a file the run lacks stays archived
     script["save"](sweep, archive)
-    assert gzip.decompress((archive / "done" / "hypotheses.test.txt.gz").read_bytes()) == b"b\n"
-    assert (archive / "done" / "scalars.csv.gz").is_file()
+    assert archive_members(archive)["done/hypotheses.test.txt"] == b"b\n"
+    assert "done/scalars.csv" in archive_members(archive)
 
     restored = tmp_path / "restored"
     (restored / "done").mkdir(parents=True)  # a run already there is never overwritten
@@ -238,63 +249,92 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
     script["restore"](archive, restored)
     assert (restored / "done" / "hypotheses.test.txt").read_text() == "b\n"
     assert (restored / "done" / "references.test.txt").read_text() == "the reference\n"
+    assert not (restored / "done" / "references.json").exists()
 
 
-def test_archive_runs_follows_no_link_and_restores_a_run_whole_or_not_at_all(tmp_path, capsys):
+def test_an_archive_is_the_same_bytes_for_the_same_runs_and_rewritten_only_when_they_change(
+    tmp_path,
+):
     script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
-    sweep, archive = tmp_path / "outputs" / "sweeps" / "s", tmp_path / "archive"
-    outside = tmp_path / "outside"
-    (outside / "beam5").mkdir(parents=True)
-    (outside / "beam5" / "metrics.json").write_text("{}")
-    for name in ("a", "b"):
+    sweep = tmp_path / "outputs" / "sweeps" / "s"
+    for name in ("b", "a"):
         for path in ("config.yaml", "metrics.json", "train_summary.json", "hypotheses.test.txt"):
             (sweep / name).mkdir(parents=True, exist_ok=True)
-            (sweep / name / path).write_text("x\n")
-    (sweep / "a" / "evals").symlink_to(outside)  # evals/ itself a link out of the run
-    script["save"](sweep, archive)
-    assert not (archive / "a" / "evals").exists()
-    with open(archive / "b" / "hypotheses.test.txt.gz", "r+b") as handle:
-        handle.truncate(script["MAX_FILE_BYTES"] + 1)  # sparse: costs no disk
-    restored = tmp_path / "restored"
+            (sweep / name / path).write_text(f"{name} {path}\n")
+    first, second = tmp_path / "first.tar.xz", tmp_path / "second.tar.xz"
+    script["save"](sweep, first)
+    time.sleep(1.1)  # a time stamp, were one written, would differ
+    script["save"](sweep, second)
+    assert first.read_bytes() == second.read_bytes()
+    with tarfile.open(first, "r:xz") as tar:  # alike files side by side, no owner or time
+        assert tar.getnames() == [
+            f"{r}/{f}"
+            for f in ("config.yaml", "hypotheses.test.txt", "metrics.json", "train_summary.json")
+            for r in "ab"
+        ]
+        assert {(m.mtime, m.uid, m.uname, m.mode) for m in tar} == {(0, 0, "", 0o644)}
+    os.utime(first, (0, 0))
+    script["save"](sweep, first)  # nothing changed: the file is not written again
+    assert first.stat().st_mtime == 0
+
+
+def test_a_stranger_archive_restores_no_link_no_path_outside_and_no_oversized_file(
+    tmp_path, capsys
+):
+    script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
+    members, bodies = [], []
+    for run in ("good", "link", "climbs", "absolute", "badmap"):
+        for name in ("config.yaml", "metrics.json", "train_summary.json"):
+            members.append(tarfile.TarInfo(f"{run}/{name}"))
+            members[-1].size = 3
+            bodies.append(b"{}\n")
+    link = tarfile.TarInfo("link/hypotheses.test.txt")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    climbs = tarfile.TarInfo("climbs/../../outside.txt")
+    absolute = tarfile.TarInfo("/absolute/hypotheses.test.txt")
+    badmap = tarfile.TarInfo("badmap/references.json")
+    badmap.size = len(b'{"../../x.txt": "abc"}')
+    for member in (link, climbs, absolute, badmap):
+        members.append(member)
+        bodies.append(b'{"../../x.txt": "abc"}'[: member.size])
+    archive = tmp_path / "s.tar.xz"
+    tar_xz(archive, members, bodies)
+    restored = tmp_path / "deep" / "restored"
     script["restore"](archive, restored)
-    assert sorted(p.name for p in restored.iterdir()) == ["a"]  # no half-restored b, no leftover
-    assert "not restored b:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in restored.iterdir()) == ["absolute", "good"]
+    for run in ("link", "climbs", "badmap"):
+        assert f"not restored {run}:" in out
+    assert not (tmp_path / "outside.txt").exists() and not (tmp_path / "x.txt").exists()
 
 
-def test_an_archive_kept_before_compression_restores_and_compresses_to_the_same_runs(tmp_path):
+def test_an_oversized_member_leaves_its_run_out_and_a_broken_archive_is_refused_in_one_line(
+    tmp_path, capsys, monkeypatch
+):
     script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
-    old, restored = tmp_path / "old", tmp_path / "restored"
-    texts = {"config.yaml": "seed: 0\n", "metrics.json": "{}", "train_summary.json": "{}"}
-    texts |= {"hypotheses.test.txt": "a translation\n", "scalars.csv": "tag,step\n"}
-    for name, text in texts.items():  # as archives were kept before: every file as text
-        (old / "run" / name).parent.mkdir(parents=True, exist_ok=True)
-        (old / "run" / name).write_text(text)
-    (old / "references" / "abc.txt").parent.mkdir()
-    (old / "references" / "abc.txt").write_text("the reference\n")
-    (old / "run" / "references.json").write_text('{"references.test.txt": "abc"}')
-    script["restore"](old, restored / "plain")
-    script["compress"](old)
-    assert (old / "run" / "hypotheses.test.txt.gz").is_file()
-    assert not (old / "run" / "hypotheses.test.txt").exists()
-    assert (old / "run" / "config.yaml").read_text() == "seed: 0\n"
-    assert (old / "references" / "abc.txt.gz").is_file()
-    script["restore"](old, restored / "packed")
-    for name in [*texts, "references.test.txt"]:
-        plain = (restored / "plain" / "run" / name).read_bytes()
-        assert (restored / "packed" / "run" / name).read_bytes() == plain
-    before = {p: p.read_bytes() for p in old.rglob("*.gz")}
-    script["compress"](old)  # again: nothing changes, byte for byte
-    assert {p: p.read_bytes() for p in old.rglob("*.gz")} == before
+    monkeypatch.setitem(script["restore"].__globals__, "MAX_FILE_BYTES", 1_000)
+    sweep = tmp_path / "sweep"
+    members, bodies = [], []
+    for run in ("good", "big"):
+        for name in ("config.yaml", "metrics.json", "train_summary.json"):
+            members.append(tarfile.TarInfo(f"{run}/{name}"))
+            members[-1].size = 3
+            bodies.append(b"{}\n")
+    archive = tmp_path / "s.tar.xz"
+    with tarfile.open(archive, "w:xz", preset=0) as tar:
+        for member, body in zip(members, bodies, strict=True):
+            tar.addfile(member, io.BytesIO(body))
+        big = tarfile.TarInfo("big/hypotheses.test.txt")
+        big.size = 1_001
+        tar.addfile(big, io.BytesIO(bytes(big.size)))
+    script["restore"](archive, sweep)
+    assert sorted(p.name for p in sweep.iterdir()) == ["good"]
+    assert "not restored big: big/hypotheses.test.txt is larger than" in capsys.readouterr().out
 
-
-def test_a_packed_file_that_unpacks_past_the_cap_is_refused(tmp_path, capsys):
-    script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
-    archive = tmp_path / "archive"
-    for name in ("config.yaml", "metrics.json", "train_summary.json"):
-        (archive / "run").mkdir(parents=True, exist_ok=True)
-        (archive / "run" / name).write_text("{}")
-    cap = script["MAX_FILE_BYTES"]
-    (archive / "run" / "hypotheses.test.txt.gz").write_bytes(gzip.compress(b"x" * (cap + 1)))
-    script["restore"](archive, tmp_path / "restored")
-    assert "unpacks to more than" in capsys.readouterr().out
-    assert not (tmp_path / "restored" / "run").exists()
+    archive.write_bytes(archive.read_bytes()[:200])  # cut short
+    with pytest.raises(SystemExit, match=r"s\.tar\.xz: is no xz-compressed tar file .*; restore"):
+        script["restore"](archive, tmp_path / "other")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # an archive in the folder form kept before
+        script["main"](["restore", str(tmp_path / "runs" / "compare"), str(sweep)])
+    assert "compare is no archive: name one file per sweep, SWEEP.tar.xz" in capsys.readouterr().err

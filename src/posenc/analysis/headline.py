@@ -27,6 +27,7 @@ from posenc.analysis.report.findings import (
 )
 from posenc.analysis.report.render import new_figure
 from posenc.analysis.report.runs import Entry
+from posenc.runtime.figures import save_figure
 
 #: the most systems one figure draws (more would not be read)
 MAX_SYSTEMS = 8
@@ -315,5 +316,5 @@ def _plot(
         f"Against {against[0]}: 95% intervals ({against[1]}); filled: a finding",
         fontsize=9,
     )
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     return path

@@ -53,6 +53,7 @@ from posenc.model.encodings.base import AttentionCall, AttentionRule, EncodingMo
 from posenc.model.factory import build_named_model, load_run_model, select_encodings
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime.checkpoint import CheckpointError
+from posenc.runtime.figures import save_figure
 from posenc.runtime.rundir import RunDir
 from posenc.runtime.untrusted import read_config
 
@@ -393,7 +394,7 @@ def save_view(view: EncodingView, out_dir: Path) -> tuple[Path, Path]:
     """Write ``OUT/NAME.png`` and ``OUT/NAME.npz`` for ``view``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     png, npz = out_dir / f"{view.name}.png", out_dir / f"{view.name}.npz"
-    draw(view).savefig(png, dpi=80)
+    save_figure(draw(view), png, dpi=80)
     np.savez_compressed(npz, **view.arrays())
     return png, npz
 

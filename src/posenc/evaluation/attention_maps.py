@@ -17,7 +17,7 @@ from tokenizers import pre_tokenizers
 from posenc.data.batching import collate
 from posenc.data.tokenizer import Tokenizer
 from posenc.model.seq2seq import Seq2Seq
-from posenc.runtime.files import replacing
+from posenc.runtime.figures import save_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -177,6 +177,5 @@ def plot_attention(maps: dict[str, np.ndarray], title: str, path: Path) -> np.nd
     fig = attention_figure(maps, title)
     fig.canvas.draw()
     image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
-    with replacing(path, "wb") as handle:
-        fig.savefig(handle, dpi=100, format=path.suffix.lstrip(".") or "png")
+    save_figure(fig, path, dpi=100)
     return image

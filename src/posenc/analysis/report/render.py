@@ -20,6 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from posenc.analysis.report.stats import Stats
+from posenc.runtime.figures import save_figure
 from posenc.runtime.files import replacing, write_text
 
 #: the report's sections, in order (``## TITLE`` headings, after the reading)
@@ -171,8 +172,7 @@ class Writer:
 
     def figure(self, fig: Figure, name: str, caption: str) -> None:
         """Save ``fig`` as ``out/name`` and show it in the report."""
-        with replacing(self.out / name, "wb") as handle:
-            fig.savefig(handle, dpi=110, format=Path(name).suffix.lstrip("."))
+        save_figure(fig, self.out / name, dpi=110)
         self.image(name, caption)
 
     def image(self, name: str, caption: str, *lead: str) -> None:
