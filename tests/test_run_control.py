@@ -331,3 +331,18 @@ def test_mlflow_gets_the_settings_and_every_scalar_in_a_local_store(tmp_path):
     assert continued.info.run_id == logged.info.run_id
     steps = [m.step for m in client.get_metric_history(logged.info.run_id, "train/loss")]
     assert sorted(steps) == [5, 10, 15]
+
+
+def test_what_set_up_builds_stays_as_built_and_only_the_step_state_changes(tmp_path):
+    from dataclasses import FrozenInstanceError
+
+    from posenc.runtime.rundir import RunDir
+    from posenc.training.setup import set_up
+
+    training = set_up(compose(*OVERRIDES), RunDir(tmp_path / "run"), start=None)
+    with pytest.raises(FrozenInstanceError):
+        training.model = torch.nn.Linear(1, 1)
+    assert training.steps.saved_step == training.state.step == 0
+    training.steps.skipped_in_a_row += 1  # the bookkeeping of the steps is the mutable part
+    training.progress.close()
+    training.logger.close()

@@ -102,7 +102,7 @@ def _train(
 def interrupted(run: Training, signum: int) -> TrainingInterrupted:
     """Checkpoint the steps taken since the last checkpoint (rank 0) and say how to resume."""
     state = run.state
-    saved = state.step > run.saved_step
+    saved = state.step > run.steps.saved_step
     if saved and run.logger is not None:
         save(run, best=False)
     distributed.barrier()
@@ -191,7 +191,7 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     if not math.isfinite(grad_norm):
         skip_or_stop(run, grad_norm, "the gradient norm")
         return False
-    run.skipped_in_a_row = 0
+    run.steps.skipped_in_a_row = 0
     reporting = (state.step + 1) % trainer.log_every == 0
     run.optimizer.step()
     run.scheduler.step()
@@ -203,7 +203,7 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     state.step += 1
     state.train_seconds += elapsed
     state.tokens += n_tokens
-    run.window.add(loss_sum, nll_sum, n_tokens, elapsed)
+    run.steps.window.add(loss_sum, nll_sum, n_tokens, elapsed)
     if run.logger is not None:
         run.logger.against_time("train_loss", step_loss, state.train_seconds, n_tokens)
     if reporting:
@@ -221,17 +221,19 @@ def skip_or_stop(run: Training, value: float, what: str) -> None:
     if trainer.nan_policy != "skip":
         raise TrainingError(advice.nan_loss(value, step, checkpoints, what))
     run.state.skipped_batches += 1
-    run.skipped_in_a_row += 1
+    run.steps.skipped_in_a_row += 1
     run.optimizer.zero_grad(set_to_none=True)
-    if run.skipped_in_a_row >= trainer.nan_skip_limit:
-        raise TrainingError(advice.skip_limit(value, step, run.skipped_in_a_row, checkpoints, what))
+    if run.steps.skipped_in_a_row >= trainer.nan_skip_limit:
+        raise TrainingError(
+            advice.skip_limit(value, step, run.steps.skipped_in_a_row, checkpoints, what)
+        )
     log.warning("step %d: %s is %s; batch skipped", step, what, value)
 
 
 def _report(run: Training, grad_norm: float) -> None:
     """The window's means to ``train.log``, TensorBoard and the progress bar."""
-    values = run.window.report(run.scheduler.get_last_lr()[0], grad_norm)
-    run.window = StepWindow()
+    values = run.steps.window.report(run.scheduler.get_last_lr()[0], grad_norm)
+    run.steps.window = StepWindow()
     if run.logger is not None:
         run.logger.scalars(run.state.step, values)
         log.info(log_line(run.state.step, run.trainer.max_steps, values))

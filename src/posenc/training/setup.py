@@ -80,8 +80,19 @@ def check_config(cfg: DictConfig) -> None:
 
 
 @dataclass
+class StepBookkeeping:
+    """What the steps keep between reports and checkpoints, beyond :class:`TrainState` (never
+    saved: a resumed run starts it afresh)."""
+
+    saved_step: int  # the step of the newest checkpoint
+    window: StepWindow = field(default_factory=StepWindow)  # sums since the last report
+    skipped_in_a_row: int = 0  # batches skipped in a row since the last step (nan_policy=skip)
+
+
+@dataclass(frozen=True)
 class Training:
-    """Everything one training run's functions share (built by :func:`set_up`)."""
+    """Everything one training run's functions share, built once by :func:`set_up`; what
+    changes as it trains is in ``state`` (saved in checkpoints) and ``steps``."""
 
     cfg: DictConfig
     trainer: TrainerConfig
@@ -94,13 +105,11 @@ class Training:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     state: TrainState
+    steps: StepBookkeeping
     batcher: PooledBatcher
     logger: RunLogger | None  # rank 0 only
     progress: tqdm
-    saved_step: int  # the step of the newest checkpoint
     valid_bleu: ValidBleu | None = None  # trainer.valid_bleu's subset and scorer
-    window: StepWindow = field(default_factory=StepWindow)
-    skipped_in_a_row: int = 0  # batches skipped in a row since the last step (nan_policy=skip)
     memory_base_mb: float = 0.0  # memory held once the data was loaded (own_memory_mb's zero)
     ema: WeightEMA | None = None  # trainer.ema_decay's EMA of the weights (rank 0 only)
 
@@ -156,7 +165,7 @@ def set_up(
         batcher=_batcher(cfg, trainer, data),
         logger=_open_logger(cfg, run_dir, state) if main else None,
         progress=_progress(cfg, trainer, state, main),
-        saved_step=state.step,
+        steps=StepBookkeeping(saved_step=state.step),
         memory_base_mb=memory_base_mb,
         valid_bleu=_valid_bleu(scorer, data, trainer),
     )

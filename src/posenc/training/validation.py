@@ -229,7 +229,7 @@ def save(run: Training, best: bool) -> None:
     that are not all finite are never saved: :class:`TrainingError` naming the step."""
     if not checkpoint.all_finite(run.model.state_dict()):
         raise TrainingError(advice.nan_weights(run.state.step, run.run_dir.checkpoints))
-    run.saved_step = run.state.step
+    run.steps.saved_step = run.state.step
     payload = checkpoint_payload(
         run.model, run.optimizer, run.scheduler, run.state, run.cfg, run.ema
     )
