@@ -5,6 +5,7 @@ goes through reading, cleaning, the tokenizer, batching and padding without brea
 from __future__ import annotations
 
 import logging
+import re
 import unicodedata
 from pathlib import Path
 
@@ -206,3 +207,85 @@ def test_any_text_becomes_valid_padded_batches(bpe, pairs, max_tokens):
         for tensor in tensors:
             assert tensor.dtype == torch.long and len(tensor) == len(batch)
             assert int(tensor.min()) >= 0 and int(tensor.max()) < bpe.vocab_size
+
+
+# --- the data config, typed by its kind ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["local", "toy", "wmt14", "wmt14_files"])
+def test_every_data_config_reads_as_its_kind(name):
+    from conftest import compose
+
+    from posenc.data.config import DATA_KINDS, data_config
+
+    node = compose(f"data={name}").data
+    assert type(data_config(node)) is DATA_KINDS[node.kind]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"kind": "parquet"}, "unknown data.kind 'parquet'; use one of local, wmt14, toy"),
+        (
+            {"holdout_drop": ["source"]},
+            "data.holdout_drop is not among the data settings; did you mean data.holdout_drops?",
+        ),
+        ({"seed": "abc"}, "data.seed='abc' must be an integer"),
+        ({"valid_size": 0}, "data.valid_size=0 must be an integer >= 1 or null"),
+    ],
+)
+def test_a_data_setting_of_no_kind_or_the_wrong_type_is_refused_in_one_line(
+    tmp_path, change, message
+):
+    cfg = local_config(tmp_path) | change
+    with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
+        load_corpora(cfg)
+
+
+def test_one_stem_on_the_command_line_and_a_node_saved_before_holdout_drops_read_as_made(
+    tmp_path,
+):
+    from posenc.data.config import data_config
+
+    cfg = local_config(tmp_path) | {"train": "x"}
+    del cfg["holdout_drops"]  # as runs saved it before training pairs sharing a target went too
+    typed = data_config(cfg)
+    assert typed.train == ["x"] and typed.holdout_drops == ("source",)
+
+
+@pytest.mark.parametrize("name", ["bpe", "mbert"])
+def test_every_tokenizer_config_reads_as_its_kind(name):
+    from conftest import compose
+
+    from posenc.data.config import TOKENIZER_KINDS, tokenizer_config
+
+    node = compose(f"tokenizer={name}").tokenizer
+    assert type(tokenizer_config(node)) is TOKENIZER_KINDS[node.kind]
+
+
+@pytest.mark.parametrize(
+    "node, message",
+    [
+        (
+            {"kind": "sentencepiece"},
+            "unknown tokenizer.kind 'sentencepiece'; use one of bpe, mbert",
+        ),
+        (
+            {"kind": "bpe", "vocab_sise": 10},
+            "tokenizer.vocab_sise is not among the tokenizer settings; "
+            "did you mean tokenizer.vocab_size?",
+        ),
+        ({"kind": "bpe", "min_frequency": 0}, "tokenizer.min_frequency=0 must be an integer >= 1"),
+        (
+            {"kind": "bpe", "vocab_size": 4},
+            "tokenizer.vocab_size=4 leaves no room beside the 4 special tokens; set it above 4",
+        ),
+        (
+            {"kind": "mbert", "training_types_only": "yes"},
+            "tokenizer.training_types_only='yes' must be true or false",
+        ),
+    ],
+)
+def test_a_tokenizer_setting_of_no_kind_or_the_wrong_type_is_refused_in_one_line(node, message):
+    with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
+        build_tokenizer(node, Corpus("train", ["a b"], ["c d"]), None)

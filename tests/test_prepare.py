@@ -164,7 +164,9 @@ def test_bpe_learns_from_the_first_train_sentences_pairs_only(release, tmp_path)
     expected = build_tokenizer(cfg_all.tokenizer, first, tmp_path / "bpe")
     assert sampled.backend.to_str() == expected.backend.to_str()
     for bad in ("0", "true", "1.5"):
-        with pytest.raises(DataError, match="tokenizer.train_sentences is .*positive number"):
+        with pytest.raises(
+            DataError, match=r"tokenizer.train_sentences=.* must be an integer >= 1 or null"
+        ):
             prepared_store(release_config(release, f"+tokenizer.train_sentences={bad}"))
 
 

@@ -382,8 +382,8 @@ class RunSettings(ConfigGroup):
     cache_dir: str = setting("str")
 
 
-#: the typed config groups; ``data``, ``tokenizer`` and ``pe`` are checked by the code that
-#: reads them (their keys depend on ``data.kind``, ``tokenizer.kind`` and the encoding)
+#: the typed config groups; ``data`` and ``tokenizer`` are typed by their kind
+#: (:mod:`posenc.data.config`), ``pe`` by its encoding (:mod:`posenc.model.encodings`)
 CONFIG_GROUPS: tuple[type[ConfigGroup], ...] = (
     RunSettings,
     ModelConfig,

@@ -21,6 +21,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from posenc.data.config import BpeTokenizer
 from posenc.data.corpus import Corpus, DataError
 from posenc.data.tokenizer import BPE_SPECIALS, Tokenizer, text_cache_key
 from posenc.runtime.files import write_text
@@ -31,24 +32,17 @@ BYTE_ALPHABET_MIN_VOCAB = 1024
 CACHE_FORMAT = "posenc-bpe-1"  # change when the BPE recipe changes, to invalidate caches
 
 
-def _bpe_settings(cfg: Mapping) -> dict:
+def _bpe_settings(cfg: BpeTokenizer) -> dict:
     """The settings a BPE depends on (``train_sentences`` only when set, so caches of the
     settings before it stay valid)."""
-    vocab_size, min_frequency = int(cfg.get("vocab_size", 8000)), int(cfg.get("min_frequency", 2))
-    if vocab_size <= len(BPE_SPECIALS) or min_frequency < 1:
+    if cfg.vocab_size <= len(BPE_SPECIALS):
         raise DataError(
-            f"bad BPE settings vocab_size={vocab_size}, min_frequency={min_frequency}; need "
-            f"vocab_size > {len(BPE_SPECIALS)} and min_frequency >= 1"
+            f"tokenizer.vocab_size={cfg.vocab_size} leaves no room beside the "
+            f"{len(BPE_SPECIALS)} special tokens; set it above {len(BPE_SPECIALS)}"
         )
-    settings = {"vocab_size": vocab_size, "min_frequency": min_frequency}
-    sample = cfg.get("train_sentences")
-    if sample is not None:
-        if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
-            raise DataError(
-                f"tokenizer.train_sentences is {sample!r}; use a positive number of training "
-                "pairs or null for all of them"
-            )
-        settings["train_sentences"] = sample
+    settings = {"vocab_size": cfg.vocab_size, "min_frequency": cfg.min_frequency}
+    if cfg.train_sentences is not None:
+        settings["train_sentences"] = cfg.train_sentences
     return settings
 
 
@@ -94,7 +88,7 @@ def _train_bpe(settings: Mapping, train: Corpus) -> HFTokenizer:
     return backend
 
 
-def build_bpe(cfg: Mapping, train: Corpus, cache_dir: Path | None) -> Tokenizer:
+def build_bpe(cfg: BpeTokenizer, train: Corpus, cache_dir: Path | None) -> Tokenizer:
     """The BPE of the ``tokenizer`` node ``cfg`` trained on ``train`` (the first
     ``train_sentences`` pairs when set), reused from ``cache_dir`` when it was trained on the
     same text with the same settings before (``cache_dir=None``: trained, not cached)."""
@@ -117,7 +111,7 @@ def build_bpe(cfg: Mapping, train: Corpus, cache_dir: Path | None) -> Tokenizer:
                 log.info("reusing cached BPE %s", path)
             else:
                 backend = _trained(settings, train, path)
-    tokenizer = Tokenizer(backend, "bpe", str(cfg.get("name", "bpe")), BPE_SPECIALS)
+    tokenizer = Tokenizer(backend, "bpe", cfg.name, BPE_SPECIALS)
     tokenizer.path = path
     return tokenizer
 

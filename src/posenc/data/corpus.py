@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 HELD_OUT = ("valid", "test")
 
@@ -48,12 +47,6 @@ def resolve_path(path: str | Path) -> Path:
     from hydra.utils import to_absolute_path
 
     return Path(to_absolute_path(str(Path(path).expanduser())))
-
-
-def require(cfg: Mapping, key: str) -> Any:
-    if cfg.get(key) is None:
-        raise DataError(f"data config has no {key!r}; set data.{key} (see configs/data/*.yaml)")
-    return cfg[key]
 
 
 def check_extra_names(extra: Mapping) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from posenc.config import plain
+from posenc.data.config import data_config
 from posenc.data.splits import training_stream
 from posenc.data.store import StoreWriter, flatten, prepared, store_key
 from posenc.data.streams import Cleaner, sendable_pairs, shuffled_order
@@ -132,8 +132,8 @@ def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> d
     """
     from tqdm import tqdm
 
-    data = plain(cfg.data)
-    clean = data.get("clean")
+    data = data_config(cfg.data)
+    clean = data.clean
     started = time.perf_counter()
     directory.parent.mkdir(parents=True, exist_ok=True)
     spool_dir = Path(tempfile.mkdtemp(prefix=f".{directory.name}.spool.", dir=directory.parent))
@@ -153,7 +153,7 @@ def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> d
         rows = cleaner.distinct() if cleaner else np.arange(len(spool), dtype=np.int64)
         if cleaner:
             cleaner.report()
-        order = shuffled_order(len(rows), int(data.get("seed", 0)), data.get("train_size"))
+        order = shuffled_order(len(rows), data.seed, data.train_size)
         train = spool.corpus(rows[np.asarray(order)])
         kept = len(rows)
         del rows, order  # 16 bytes a pair, no longer needed

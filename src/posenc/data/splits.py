@@ -18,14 +18,8 @@ import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from posenc.config import plain
-from posenc.data.corpus import (
-    Corpus,
-    DataError,
-    check_extra_names,
-    require,
-    resolve_path,
-)
+from posenc.data.config import DataConfig, HubData, LocalData, data_config
+from posenc.data.corpus import Corpus, DataError, check_extra_names, resolve_path
 from posenc.data.streams import (
     Carving,
     carve_holdout,
@@ -49,8 +43,9 @@ log = logging.getLogger("posenc.data.splits")
 # --------------------------------------------------------------------------------------------
 
 
-def load_corpora(cfg: Mapping, with_train: bool = True) -> dict[str, Corpus]:
-    """All splits described by the ``data`` config node (a DictConfig or a plain dict).
+def load_corpora(cfg: Mapping | DataConfig, with_train: bool = True) -> dict[str, Corpus]:
+    """All splits described by the ``data`` config node (a DictConfig, a plain dict or its
+    :func:`~posenc.data.config.data_config`).
 
     Returns splits by name: ``train``, ``valid``, ``test``, plus one per extra test set (key =
     its name). Training pairs are cleaned with ``cfg.clean`` (the filters of
@@ -62,50 +57,47 @@ def load_corpora(cfg: Mapping, with_train: bool = True) -> dict[str, Corpus]:
     without streaming, cleaning or shuffling the training data (local held-out sets are still
     cut out of the training files).
     """
-    cfg = plain(cfg)
-    loaders: dict[str, Callable[[dict, bool], dict[str, Corpus]]] = {
-        "toy": load_toy,
-        "local": _load_local,
-        "wmt14": _load_wmt14,
-    }
-    kind = cfg.get("kind")
-    if kind not in loaders:
-        raise DataError(f"unknown data.kind {kind!r}; use one of {', '.join(loaders)}")
-    splits = loaders[kind](cfg, with_train)
+    cfg = data_config(cfg)
+    if isinstance(cfg, LocalData):
+        splits = _load_local(cfg, with_train)
+    elif isinstance(cfg, HubData):
+        splits = _load_wmt14(cfg, with_train)
+    else:
+        splits = load_toy(cfg, with_train)
     if not with_train:
         splits.pop("train", None)
     return _prepare(splits, cfg)
 
 
-def validation_split(cfg: Mapping) -> Corpus:
+def validation_split(cfg: Mapping | DataConfig) -> Corpus:
     """The ``valid`` split alone, as :func:`load_corpora` gives it (training needs nothing else
     besides its prepared corpus); local data reads its file only."""
-    cfg = plain(cfg)
-    if cfg.get("kind") != "local":
+    cfg = data_config(cfg)
+    if not isinstance(cfg, LocalData):
         return load_corpora(cfg, with_train=False)["valid"]
     directory, _, _ = _local_files(cfg)
-    if cfg.get("valid") is None:
+    if cfg.valid is None:
         raise DataError("no file stem for split 'valid'; set data.valid")
-    valid = read_pair(directory, cfg["valid"], cfg["src_lang"], cfg["tgt_lang"], "valid")
+    valid = read_pair(directory, cfg.valid, cfg.src_lang, cfg.tgt_lang, "valid")
     return _prepare({"valid": valid}, cfg)["valid"]
 
 
 def carve(
-    read: Callable[[str], Iterable[tuple[str, str]]], stems: list[str], cfg: Mapping
+    read: Callable[[str], Iterable[tuple[str, str]]], stems: list[str], cfg: LocalData
 ) -> Carving:
-    """The held-out sets of a local ``data`` node (:func:`carve_holdout`), dropping from
-    training the pairs that share the sides of ``data.holdout_drops`` with them; a node
-    without that key (a run made before it existed) drops shared sources only, as then."""
-    drops = cfg.get("holdout_drops", ["source"])
-    return carve_holdout(read, stems, cfg.get("holdout") or {}, int(cfg.get("seed", 0)), drops)
+    """The held-out sets of local data (:func:`carve_holdout`), dropping from training the
+    pairs that share the sides of ``data.holdout_drops`` with them."""
+    return carve_holdout(read, stems, cfg.holdout or {}, cfg.seed, cfg.holdout_drops)
 
 
-def shared_with_training(cfg: Mapping) -> dict[str, list[bool]]:
+def shared_with_training(cfg: Mapping | LocalData) -> dict[str, list[bool]]:
     """For each held-out set of a local ``data`` node, in the set's order, whether its pair
     shares a source or a target with a training pair of that node (those its holdout rule
     keeps, before cleaning: a superset of the pairs trained on). Under ``holdout_drops:
     [source, target]`` none does; runs made before that rule left many."""
-    cfg = plain(cfg)
+    cfg = data_config(cfg)
+    if not isinstance(cfg, LocalData):
+        raise DataError(f"data.kind {cfg.kind!r} has no held-out sets; use local data")
     _, stems, read = _local_files(cfg)
     held_out: dict[str, Corpus] = {}
     sources, targets = set(), set()
@@ -121,23 +113,20 @@ def shared_with_training(cfg: Mapping) -> dict[str, list[bool]]:
     }
 
 
-def training_stream(cfg: Mapping) -> Iterator[tuple[str, str]]:
+def training_stream(cfg: Mapping | DataConfig) -> Iterator[tuple[str, str]]:
     """The training pairs of the ``data`` node as they are read, before cleaning, shuffling and
     ``train_size`` (:func:`posenc.data.prepare.prepare_store` does those), one at a time: local
     files without their held-out pairs, WMT14 from the hub, or the toy task."""
-    cfg = plain(cfg)
-    kind = cfg.get("kind")
-    if kind == "local":
+    cfg = data_config(cfg)
+    if isinstance(cfg, LocalData):
         _, stems, read = _local_files(cfg)
         carving = carve(read, stems, cfg)
         yield from training_pairs(read, stems, carving)
-    elif kind == "wmt14":
-        yield from _hub_pairs(cfg, "train", cfg.get("train_size"))
-    elif kind == "toy":
+    elif isinstance(cfg, HubData):
+        yield from _hub_pairs(cfg, "train", cfg.train_size)
+    else:
         train = load_toy(cfg)["train"]
         yield from zip(train.src, train.tgt, strict=True)
-    else:
-        raise DataError(f"unknown data.kind {kind!r}; use one of toy, local, wmt14")
 
 
 def eval_splits(requested: Sequence[str], corpora: Mapping[str, Corpus]) -> list[str]:
@@ -156,26 +145,26 @@ def eval_splits(requested: Sequence[str], corpora: Mapping[str, Corpus]) -> list
     return list(dict.fromkeys(names))
 
 
-def _prepare(splits: dict[str, Corpus], cfg: dict) -> dict[str, Corpus]:
+def _prepare(splits: dict[str, Corpus], cfg: DataConfig) -> dict[str, Corpus]:
     """Clean, shuffle and cut the training split (when there is one); drop empty pairs of
     held-out splits."""
-    seed = int(cfg.get("seed", 0))
+    seed = cfg.seed
     out = {"train": _prepare_train(splits["train"], cfg, seed)} if "train" in splits else {}
     for name, corpus in splits.items():
         if name != "train":
             out[name] = _drop_empty(corpus)
-    if cfg.get("valid_size") is not None and len(out["valid"]) > int(cfg["valid_size"]):
-        keep = random.Random(seed).sample(range(len(out["valid"])), int(cfg["valid_size"]))
+    if cfg.valid_size is not None and len(out["valid"]) > cfg.valid_size:
+        keep = random.Random(seed).sample(range(len(out["valid"])), cfg.valid_size)
         out["valid"] = out["valid"].subset(sorted(keep))
     log.info("splits: %s", ", ".join(f"{name} {len(c)}" for name, c in out.items()))
     return out
 
 
-def _prepare_train(train: Corpus, cfg: dict, seed: int) -> Corpus:
+def _prepare_train(train: Corpus, cfg: DataConfig, seed: int) -> Corpus:
     """The training split cleaned with ``cfg.clean`` (:func:`streams.kept_pairs`), shuffled
     with ``seed`` and cut to ``cfg.train_size``."""
-    kept = kept_pairs(zip(train.src, train.tgt, strict=True), cfg.get("clean"))
-    order = shuffled_order(len(kept), seed, cfg.get("train_size"))
+    kept = kept_pairs(zip(train.src, train.tgt, strict=True), cfg.clean)
+    order = shuffled_order(len(kept), seed, cfg.train_size)
     return Corpus(train.name, [kept[i][0] for i in order], [kept[i][1] for i in order])
 
 
@@ -201,36 +190,37 @@ def read_pair(directory: Path, stem: str, src_lang: str, tgt_lang: str, name: st
     return Corpus(name, [s for s, _ in both], [t for _, t in both])
 
 
-def _local_files(cfg: dict) -> tuple[Path, list[str], Callable[[str], Iterator[tuple[str, str]]]]:
+def _local_files(
+    cfg: LocalData,
+) -> tuple[Path, list[str], Callable[[str], Iterator[tuple[str, str]]]]:
     """The data directory, the training stems and a function streaming a stem's pairs."""
-    directory = resolve_path(require(cfg, "dir"))
+    directory = resolve_path(cfg.required("dir"))
     if not directory.is_dir():
         raise DataError(
             f"data directory {directory} does not exist; set data.dir or the POSENC_DATA "
             "environment variable"
         )
-    src_lang, tgt_lang = require(cfg, "src_lang"), require(cfg, "tgt_lang")
-    stems = require(cfg, "train")
-    stems = [stems] if isinstance(stems, str) else list(stems)
+    src_lang, tgt_lang = cfg.required("src_lang"), cfg.required("tgt_lang")
+    stems = list(cfg.required("train"))
     if not stems:
         raise DataError("data.train lists no file stem; give at least one")
     return directory, stems, lambda stem: pairs(directory, stem, src_lang, tgt_lang)
 
 
-def _load_local(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
+def _load_local(cfg: LocalData, with_train: bool = True) -> dict[str, Corpus]:
     """Splits from ``dir/STEM.{src_lang,tgt_lang}`` files, plain or gzip (see
     ``configs/data/local.yaml``). Without ``with_train`` only the stems that held-out sets are
     cut out of are read (streamed)."""
     directory, stems, read = _local_files(cfg)
-    src_lang, tgt_lang = cfg["src_lang"], cfg["tgt_lang"]
+    src_lang, tgt_lang = cfg.src_lang, cfg.tgt_lang
     splits: dict[str, Corpus] = {}
-    extra = cfg.get("extra_tests") or {}
-    holdout = cfg.get("holdout") or {}
+    extra = cfg.extra_tests or {}
+    holdout = cfg.holdout or {}
     check_extra_names({**extra, **holdout})
     clash = sorted(set(extra) & set(holdout))
     if clash:
         raise DataError(f"{clash} named in both data.extra_tests and data.holdout; rename one")
-    for name, stem in {"valid": cfg.get("valid"), "test": cfg.get("test"), **extra}.items():
+    for name, stem in {"valid": cfg.valid, "test": cfg.test, **extra}.items():
         if stem is None:
             raise DataError(f"no file stem for split {name!r}; set data.{name}")
         if stem in stems:
@@ -273,15 +263,15 @@ def hub_unreachable(err: BaseException) -> bool:
     return False
 
 
-def _load_wmt14(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
+def _load_wmt14(cfg: HubData, with_train: bool = True) -> dict[str, Corpus]:
     """WMT14 through ``datasets`` with streaming (see ``configs/data/wmt14.yaml``)."""
 
     def fetch(split: str, name: str, limit: int | None) -> Corpus:
         both = list(_hub_pairs(cfg, split, limit))
-        log.info("%s: %d pairs from %s split %r", name, len(both), cfg.get("hub_name"), split)
+        log.info("%s: %d pairs from %s split %r", name, len(both), cfg.hub_name, split)
         return Corpus(name, [s for s, _ in both], [t for _, t in both])
 
-    train = {"train": fetch("train", "train", cfg.get("train_size"))} if with_train else {}
+    train = {"train": fetch("train", "train", cfg.train_size)} if with_train else {}
     return {
         **train,
         "valid": fetch("validation", "valid", None),
@@ -289,7 +279,7 @@ def _load_wmt14(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
     }
 
 
-def _hub_pairs(cfg: dict, split: str, limit: int | None) -> Iterator[tuple[str, str]]:
+def _hub_pairs(cfg: HubData, split: str, limit: int | None) -> Iterator[tuple[str, str]]:
     """The normalised pairs of a split of WMT14 on the hub, streamed (the training split
     shuffled with ``data.seed`` in a buffer of ``data.shuffle_buffer`` pairs), at most
     ``limit``.
@@ -299,8 +289,8 @@ def _hub_pairs(cfg: dict, split: str, limit: int | None) -> Iterator[tuple[str, 
     """
     import datasets
 
-    hub, config = cfg.get("hub_name", "wmt14"), cfg.get("hub_config", "fr-en")
-    src_lang, tgt_lang = require(cfg, "src_lang"), require(cfg, "tgt_lang")
+    hub, config = cfg.hub_name, cfg.hub_config
+    src_lang, tgt_lang = cfg.required("src_lang"), cfg.required("tgt_lang")
     if {src_lang, tgt_lang} != set(config.split("-")):
         raise DataError(
             f"data.src_lang/tgt_lang {src_lang}/{tgt_lang} do not match hub config {config!r}; "
@@ -309,8 +299,7 @@ def _hub_pairs(cfg: dict, split: str, limit: int | None) -> Iterator[tuple[str, 
     try:
         stream = datasets.load_dataset(hub, config, split=split, streaming=True)
         if split == "train":
-            buffer = int(cfg.get("shuffle_buffer", 10_000))
-            stream = stream.shuffle(seed=int(cfg.get("seed", 0)), buffer_size=buffer)
+            stream = stream.shuffle(seed=cfg.seed, buffer_size=cfg.shuffle_buffer)
         if limit is not None:
             stream = stream.take(int(limit))
         for example in stream:

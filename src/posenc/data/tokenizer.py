@@ -30,7 +30,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from posenc.config import plain
+from posenc.data.config import BpeTokenizer, MbertTokenizer, TokenizerConfig, tokenizer_config
 from posenc.data.corpus import Corpus, DataError, resolve_path
 from posenc.data.splits import hub_unreachable
 from posenc.runtime import untrusted
@@ -279,7 +279,9 @@ def load_tokenizer(directory: Path) -> Tokenizer:
     return WordPieceTokenizer(backend, "mbert", meta["name"], meta["specials"], kept)
 
 
-def build_tokenizer(cfg: Mapping, train: Corpus, cache_dir: Path | None) -> Tokenizer:
+def build_tokenizer(
+    cfg: Mapping | TokenizerConfig, train: Corpus, cache_dir: Path | None
+) -> Tokenizer:
     """The tokenizer described by the ``tokenizer`` config node.
 
     ``kind: bpe`` trains a joint BPE on both sides of ``train`` (:mod:`posenc.data.bpe`; or
@@ -292,16 +294,13 @@ def build_tokenizer(cfg: Mapping, train: Corpus, cache_dir: Path | None) -> Toke
     prepared corpus keeps its tokenizer itself). ``train`` may be any object with ``src`` and
     ``tgt`` sequences and a length (a prepared corpus's spool).
     """
-    cfg = plain(cfg)
-    kind = cfg.get("kind")
+    cfg = tokenizer_config(cfg)
     cache = None if cache_dir is None else Path(cache_dir).expanduser()
-    if kind == "bpe":
+    if isinstance(cfg, BpeTokenizer):
         from posenc.data.bpe import build_bpe  # bpe builds on this module's Tokenizer
 
         return build_bpe(cfg, train, cache)
-    if kind == "mbert":
-        return _build_mbert(cfg, train, cache)
-    raise DataError(f"unknown tokenizer.kind {kind!r}; use bpe or mbert")
+    return _build_mbert(cfg, train, cache)
 
 
 def text_cache_key(settings: Mapping, train: Corpus, recipe: str) -> str:
@@ -335,18 +334,10 @@ def _wordpiece_from_vocab(vocab_file: Path) -> HFTokenizer:
     return backend
 
 
-def _build_mbert(cfg: Mapping, train: Corpus, cache_dir: Path | None) -> Tokenizer:
+def _build_mbert(cfg: MbertTokenizer, train: Corpus, cache_dir: Path | None) -> Tokenizer:
     """mBERT from the local ``vocab_file`` when it exists, else ``name_or_path`` from the hub;
     compact (the types of ``train`` only) when ``training_types_only`` is true."""
-    # Absent = false: a run from before the setting (its saved config lacks the key) resumes
-    # with `~tokenizer.training_types_only` and gets the full vocabulary it was trained with.
-    training_types_only = cfg.get("training_types_only", False)
-    if not isinstance(training_types_only, bool):
-        raise DataError(
-            f"tokenizer.training_types_only is {training_types_only!r}; use true or false"
-        )
-    name = str(cfg.get("name_or_path", "bert-base-multilingual-cased"))
-    vocab_file = cfg.get("vocab_file")
+    name, vocab_file = cfg.name_or_path, cfg.vocab_file
     if vocab_file and resolve_path(vocab_file).is_file():
         backend = _wordpiece_from_vocab(resolve_path(vocab_file))
         log.info("mBERT vocabulary from %s", resolve_path(vocab_file))
@@ -361,8 +352,8 @@ def _build_mbert(cfg: Mapping, train: Corpus, cache_dir: Path | None) -> Tokeniz
                 ) from None
             raise
         log.info("mBERT vocabulary from the hub (%s)", name)
-    tokenizer = WordPieceTokenizer(backend, "mbert", str(cfg.get("name", "mbert")), MBERT_SPECIALS)
-    if not training_types_only:
+    tokenizer = WordPieceTokenizer(backend, "mbert", cfg.name, MBERT_SPECIALS)
+    if not cfg.training_types_only:
         return tokenizer
     if not len(train):
         raise DataError(

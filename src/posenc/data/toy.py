@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
-from posenc.data.corpus import Corpus, DataError, check_extra_names, require
+from posenc.data.config import ToyData, data_config
+from posenc.data.corpus import Corpus, DataError, check_extra_names
 
 TOY_TASKS = ("reverse", "rotate")
 
@@ -28,18 +30,20 @@ def _toy_target(symbols: list[str], task: str, shift: int) -> list[str]:
     return symbols[k:] + symbols[:k]
 
 
-def load_toy(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
+def load_toy(cfg: Mapping | ToyData, with_train: bool = True) -> dict[str, Corpus]:
     """Seeded symbol sequences and their reversal/rotation (see ``configs/data/toy.yaml``).
 
     Held-out sets are drawn first; training sequences equal to a held-out source are redrawn,
     so every held-out source is unseen in training (drawing them is cheap, so ``with_train``
     changes nothing here).
     """
-    task = cfg.get("task")
+    cfg = data_config(cfg)
+    if not isinstance(cfg, ToyData):
+        raise DataError(f"data.kind is {cfg.kind!r}; the toy task needs data.kind=toy")
+    task = cfg.task
     if task not in TOY_TASKS:
         raise DataError(f"unknown toy task {task!r}; set data.task to one of {TOY_TASKS}")
-    vocab_size, seed = int(require(cfg, "vocab_size")), int(require(cfg, "seed"))
-    shift = int(cfg.get("shift", 1))
+    vocab_size, seed, shift = cfg.required("vocab_size"), cfg.seed, cfg.shift
     if vocab_size < 2:
         raise DataError(f"data.vocab_size is {vocab_size}; the toy task needs at least 2 symbols")
     words = [toy_word(i) for i in range(vocab_size)]
@@ -68,12 +72,12 @@ def load_toy(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
             tgt.append(" ".join(_toy_target(symbols, task, shift)))
         return Corpus(name, src, tgt)
 
-    lo, hi = int(require(cfg, "min_len")), int(require(cfg, "max_len"))
-    test_size = int(require(cfg, "test_size"))
-    extra = cfg.get("extra_tests") or {}
+    lo, hi = cfg.required("min_len"), cfg.required("max_len")
+    test_size = cfg.required("test_size")
+    extra = cfg.extra_tests or {}
     check_extra_names(extra)
     held_out = {
-        "valid": draw("valid", int(require(cfg, "valid_size")), lo, hi, set()),
+        "valid": draw("valid", cfg.required("valid_size"), lo, hi, set()),
         "test": draw("test", test_size, lo, hi, set()),
     }
     for name, spec in extra.items():
@@ -82,4 +86,4 @@ def load_toy(cfg: dict, with_train: bool = True) -> dict[str, Corpus]:
         lo_x, hi_x = int(spec.get("min_len", lo)), int(spec.get("max_len", hi))
         held_out[name] = draw(name, size, lo_x, hi_x, set())
     avoid = {line for corpus in held_out.values() for line in corpus.src}
-    return {"train": draw("train", int(require(cfg, "train_size")), lo, hi, avoid), **held_out}
+    return {"train": draw("train", cfg.required("train_size"), lo, hi, avoid), **held_out}

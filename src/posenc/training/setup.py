@@ -19,6 +19,7 @@ from posenc.config import (
     check_types,
     reported_settings,
 )
+from posenc.data.config import data_config
 from posenc.data.pools import PooledBatcher
 from posenc.data.tokenizer import Tokenizer
 from posenc.model.factory import build_model
@@ -77,6 +78,7 @@ def check_config(cfg: DictConfig) -> None:
             model(torch.tensor([[3, 4, 2]]), torch.tensor([[1, 5, 6]]))
     except (ValueError, TypeError) as err:
         raise ValueError(f"invalid configuration: {err}") from err
+    data_config(cfg.data)  # the data settings of its kind, before any data is read
 
 
 @dataclass
