@@ -43,6 +43,19 @@ def test_attention_maps_are_distributions_with_the_masks_applied(name):
     assert model.training  # the pass ran in eval mode and gave the mode back
 
 
+@pytest.mark.parametrize("name", ["sinpe", "rope", "alibi"])
+def test_every_decoder_layers_cross_attention_comes_from_one_pass_as_layer_by_layer(name):
+    model = tiny_model(name, layers=3)
+    src = torch.tensor([[5, 6, 7, 8, 2], [5, 6, 2, 0, 0]])
+    tgt_in = torch.tensor([[1, 9, 10, 11], [1, 9, 0, 0]])
+    passes = []
+    model.register_forward_pre_hook(lambda module, args: passes.append(1))
+    maps = model.cross_attention_maps(src, tgt_in)
+    assert len(passes) == 1 and len(maps) == 3
+    for layer, weights in enumerate(maps):
+        assert torch.equal(weights, model.attention_maps(src, tgt_in, layer)["cross"])
+
+
 def test_first_calls_record_each_modules_first_arguments_and_remove_their_hooks():
     layer = torch.nn.Linear(2, 2)
     with first_calls(layer) as (call,):

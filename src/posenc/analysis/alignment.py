@@ -63,7 +63,6 @@ def probe(run: TrainedRun, sources: Sequence[str], targets: Sequence[str]) -> Pr
     """:class:`Probe` of ``run``'s model on the pairs ``(sources, targets)``, teacher-forced
     in batches of :data:`BATCH` (each pair's own lengths read, its padding left out)."""
     tokenizer, model = run.tokenizer, run.model
-    layers = len(model.decoder.layers)
     totals: np.ndarray | None = None
     counts: np.ndarray | None = None
     for start in range(0, len(sources), BATCH):
@@ -73,10 +72,7 @@ def probe(run: TrainedRun, sources: Sequence[str], targets: Sequence[str]) -> Pr
             src_ids, tgt_ids, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
         )
         with torch.no_grad():
-            maps = [
-                model.attention_maps(src.to(run.device), tgt_in.to(run.device), layer)["cross"]
-                for layer in range(layers)
-            ]
+            maps = model.cross_attention_maps(src.to(run.device), tgt_in.to(run.device))
         for row, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)):
             per_layer = np.stack(
                 [

@@ -244,6 +244,19 @@ class Seq2Seq(Translator):
             "decoder": self.decoder.layers[layer].self_attn,
             "cross": self.decoder.layers[layer].cross_attn,
         }
+        return self._weights(src, tgt_in, sites)
+
+    def cross_attention_maps(self, src: Tensor, tgt_in: Tensor) -> list[Tensor]:
+        """The cross-attention weights ``(B, H, Lt, Ls)`` of every decoder layer, in order,
+        from one teacher-forced pass."""
+        sites = {str(i): layer.cross_attn for i, layer in enumerate(self.decoder.layers)}
+        return list(self._weights(src, tgt_in, sites).values())
+
+    def _weights(
+        self, src: Tensor, tgt_in: Tensor, sites: dict[str, nn.Module]
+    ) -> dict[str, Tensor]:
+        """The attention weights of each attention module of ``sites`` (by name) for one
+        teacher-forced pass in eval mode, recomputed from the arguments of its call."""
         was_training = self.training
         self.eval()
         try:
