@@ -144,3 +144,37 @@ def test_symmetric_encoder_is_equivariant_to_reversing_its_input():
 def test_an_unknown_encoder_form_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="encoder_bias='mirror' is unknown; use one of"):
         ALiBiEncoding(Site.ENCODER, d_model=16, n_heads=4, n_layers=1, encoder_bias="mirror")
+
+
+@pytest.mark.parametrize(
+    ("site", "form"),
+    [
+        (Site.DECODER, "symmetric"),
+        *((Site.ENCODER, f) for f in ("symmetric", "asymmetric", "split")),
+    ],
+)
+def test_alibi_on_some_heads_gives_the_first_the_slopes_of_their_count_and_the_rest_no_bias(
+    site, form
+):
+    """x-transformers' ``alibi_num_heads``: the first N heads are an N-head ALiBi."""
+    q_pos, k_pos = torch.arange(20), torch.arange(20)
+    some = ALiBiEncoding(site, 16, n_heads=8, n_layers=1, encoder_bias=form, alibi_num_heads=3)
+    alone = ALiBiEncoding(site, 16, n_heads=3, n_layers=1, encoder_bias=form)
+    bias = some.context(q_pos, k_pos)
+    torch.testing.assert_close(bias[:, :3], alone.context(q_pos, k_pos))
+    unbiased = bias[:, 3:]
+    if form == "split":  # the encoder's form still turns each head to its side
+        blocked = unbiased == SPLIT_PENALTY
+        ahead = torch.ones(20, 20, dtype=torch.bool).triu(1)  # keys after the query
+        assert torch.all(unbiased[~blocked] == 0)
+        assert torch.equal(blocked[0, 0], ahead.T) and torch.equal(blocked[0, 1], ahead)
+    else:
+        assert torch.all(unbiased == 0)
+
+
+@pytest.mark.parametrize("count", [0, 9])
+def test_alibi_on_more_heads_than_the_model_has_or_none_is_refused(count):
+    with pytest.raises(
+        ValueError, match=f"pe.alibi_num_heads={count} must be from 1 to the model's 8 heads"
+    ):
+        ALiBiEncoding(Site.DECODER, 16, n_heads=8, n_layers=1, alibi_num_heads=count)

@@ -41,6 +41,10 @@ is built from the absolute positions, so cached keys need no extra state.
 Speed: the bias needs no gradient, so SDPA keeps its fused kernel; it is built once per forward
 in :meth:`ALiBiEncoding.context` and shared by every layer.
 
+ALiBi on some heads (``alibi_num_heads: N``, x-transformers' option of that name): the first
+``N`` heads get the slopes of an ``N``-head ALiBi, the others slope 0, no bias (NoPE heads; in
+the encoder under ``split`` they still look at their side only, the form being the encoder's).
+
 DAPE (``dape: true``, :mod:`posenc.model.encodings.common`): each layer adjusts this bias by an
 MLP of its attention scores and the bias, ``S + P + f(S, P)`` (the paper's ALiBi-DAPE).
 """
@@ -78,12 +82,14 @@ class ALiBiEncoding(DistanceBiasEncoding):
         site, d_model, n_heads, n_layers: see :class:`StackEncoding`.
         encoder_bias: the encoder form, ``split``, ``asymmetric`` or ``symmetric`` (module
             docstring); the decoder always uses the paper's causal bias.
+        alibi_num_heads: the heads that get a bias, the first ones (None: all).
         dape, dape_hidden: DAPE's MLP on the scores and this bias, one per layer
             (:class:`~posenc.model.encodings.common.BiasEncoding`; default off).
     """
 
     speed_target = 1.10
     augment_modes = frozenset({"random", "scale"})
+    option_forms = (*DistanceBiasEncoding.option_forms, {"alibi_num_heads": 1})
 
     def __init__(
         self,
@@ -94,12 +100,20 @@ class ALiBiEncoding(DistanceBiasEncoding):
         encoder_bias: str = "split",
         dape: bool | None = False,
         dape_hidden: int | None = None,
+        alibi_num_heads: int | None = None,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers, encoder_bias, dape, dape_hidden)
-        slopes = alibi_slopes(n_heads)
+        biased = n_heads if alibi_num_heads is None else alibi_num_heads
+        if not 1 <= biased <= n_heads:
+            raise ValueError(
+                f"pe.alibi_num_heads={alibi_num_heads} must be from 1 to the model's {n_heads} "
+                "heads, or null for every head"
+            )
+        slopes = alibi_slopes(biased)
         after = slopes.flip(0) if encoder_bias == "asymmetric" else slopes
-        self.register_buffer("slopes", slopes, persistent=False)
-        self.register_buffer("slopes_after", after, persistent=False)
+        none = torch.zeros(n_heads - biased)
+        self.register_buffer("slopes", torch.cat([slopes, none]), persistent=False)
+        self.register_buffer("slopes_after", torch.cat([after, none]), persistent=False)
 
     def context(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The bias ``(1, H, Lq, Lk)`` for queries at ``q_pos (Lq,)`` and keys at ``k_pos (Lk,)``.
