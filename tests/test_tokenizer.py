@@ -247,3 +247,11 @@ def test_mbert_without_vocabulary_file_and_hub_says_what_to_set(tmp_path, monkey
     message = str(excinfo.value)
     assert "\n" not in message
     assert "missing.txt" in message and "unreachable" in message and "POSENC_DATA" in message
+
+
+def test_a_decoded_sentence_is_one_line_whatever_bytes_the_model_emits(bpe):
+    """An untrained byte-level model can emit line breaks; a hypotheses file keeps one line
+    per sentence."""
+    ids = bpe.encode("le chat\r\rdort\nici\u2028là")
+    assert bpe.decode(ids) == "le chat  dort ici là"
+    assert bpe.decode_batch([ids, bpe.encode("a\nb")]) == ["le chat  dort ici là", "a b"]

@@ -46,6 +46,14 @@ KEPT_FILE = "posenc_kept_ids.json"  # the kept WordPiece ids of a compact mBERT,
 TYPES_CHUNK = 10_000  # sentences tokenised at a time when collecting the training types
 
 
+def one_line(text: str) -> str:
+    """``text`` with its line breaks (``\\n``, ``\\r`` and every other boundary of
+    :meth:`str.splitlines`) made spaces: a sentence is one line of a file. Text read from data
+    has none (:func:`~posenc.data.streams.normalise`); a byte-level model that has not learnt
+    yet can emit them, and one would shift every later line of its hypotheses file."""
+    return " ".join(text.splitlines()) if text else text
+
+
 class Tokenizer:
     """Text <-> ids with the special tokens the model uses.
 
@@ -84,12 +92,14 @@ class Tokenizer:
         return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Detokenised text of ``ids``; special tokens are skipped."""
-        return self.backend.decode(list(ids), skip_special_tokens=True)
+        """Detokenised text of ``ids``, one line (:func:`one_line`); special tokens are
+        skipped."""
+        return one_line(self.backend.decode(list(ids), skip_special_tokens=True))
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """:meth:`decode` of each id list (parallel, in Rust)."""
-        return self.backend.decode_batch([list(ids) for ids in batch], skip_special_tokens=True)
+        texts = self.backend.decode_batch([list(ids) for ids in batch], skip_special_tokens=True)
+        return [one_line(text) for text in texts]
 
     def save(self, directory: Path) -> None:
         """Write ``tokenizer.json`` and ``posenc_tokenizer.json`` so :func:`load_tokenizer` can
