@@ -23,6 +23,7 @@ from posenc.model.encodings.base import (
     StackEncoding,
 )
 from posenc.model.positions import PositionAugmentation
+from posenc.model.temperature import Temperature
 
 __all__ = [
     "SHARED_SETTINGS",
@@ -40,7 +41,15 @@ for _module in pkgutil.iter_modules(__path__):
 
 #: the ``pe.*`` settings every encoding accepts (defaults in ``configs/train.yaml``), handled here
 #: rather than by the encoding classes
-SHARED_SETTINGS = ("off_layers", "augment", "augment_range")
+SHARED_SETTINGS = (
+    "off_layers",
+    "augment",
+    "augment_range",
+    "temperature",
+    "temperature_layers",
+    "temperature_scale",
+    "temperature_floor_scale",
+)
 
 
 def encoding_class(target: str, name: str = "?") -> type[StackEncoding]:
@@ -63,9 +72,10 @@ def encoding_factory(pe_cfg: Mapping[str, Any]) -> Callable[..., StackEncoding]:
     """A callable ``(site, d_model, n_heads, n_layers) -> StackEncoding`` for a ``pe`` config.
 
     The settings every encoding accepts (:data:`SHARED_SETTINGS`) are taken out of the class's
-    arguments: ``off_layers`` (layers whose attention is plain, :meth:`StackEncoding.switch_off`)
-    and ``augment``/``augment_range`` (training positions, :mod:`posenc.model.positions`); null
-    or absent: off.
+    arguments: ``off_layers`` (layers whose attention is plain, :meth:`StackEncoding.switch_off`),
+    ``augment``/``augment_range`` (training positions, :mod:`posenc.model.positions`) and
+    ``temperature*`` (the queries' temperature, :mod:`posenc.model.temperature`); null or
+    absent: off.
     """
     params = dict(pe_cfg)
     name = params.pop("name", "?")
@@ -76,23 +86,30 @@ def encoding_factory(pe_cfg: Mapping[str, Any]) -> Callable[..., StackEncoding]:
     build = functools.partial(encoding_class(target, name), **params)
     off_layers = shared["off_layers"]
     augmentation = PositionAugmentation.of(shared["augment"], shared["augment_range"])
-    if off_layers is None and augmentation is None:
+    temperature = Temperature.of(
+        *(shared[f"temperature{suffix}"] for suffix in ("", "_layers", "_scale", "_floor_scale"))
+    )
+    if off_layers is None and augmentation is None and temperature is None:
         return build
-    return functools.partial(_with_shared_settings, build, off_layers, augmentation, name)
+    return functools.partial(
+        _with_shared_settings, build, off_layers, augmentation, temperature, name
+    )
 
 
 def _with_shared_settings(
     build: Callable[..., StackEncoding],
     off_layers: list[int] | None,
     augmentation: PositionAugmentation | None,
+    temperature: Temperature | None,
     name: str,
     *args: Any,
     **kwargs: Any,
 ) -> StackEncoding:
-    """``build(*args, **kwargs)`` with plain attention on ``off_layers`` and training positions
-    drawn by ``augmentation``."""
+    """``build(*args, **kwargs)`` with plain attention on ``off_layers``, training positions
+    drawn by ``augmentation`` and the queries' ``temperature``."""
     encoding = build(*args, **kwargs)
     if off_layers is not None:
         encoding.switch_off(list(off_layers), name)
     encoding.augment(augmentation, name)
+    encoding.temper(temperature)
     return encoding

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from posenc.model.positions import PositionAugmentation
+    from posenc.model.temperature import Temperature
 
 
 class Site(str, Enum):  # noqa: UP042  (StrEnum would change str(Site.ENCODER))
@@ -284,6 +285,20 @@ class StackEncoding(EncodingModule):
         there (``pe.off_layers``, e.g. RoPE/NoPE interleaving); see :meth:`switch_off`."""
         self.augmentation: PositionAugmentation | None = None
         """Training-time positions (``pe.augment``); see :meth:`augment`."""
+        self.temperature: Temperature | None = None
+        """The queries' temperature of some self-attention layers (``pe.temperature``); see
+        :meth:`temper`."""
+
+    def temper(self, temperature: Temperature | None) -> None:
+        """Scale the self-attention queries of the layers ``temperature`` applies to (None:
+        none); call before the stack builds its layers.
+
+        Raises:
+            ValueError: it lists a layer the stack does not have (one line).
+        """
+        if temperature is not None:
+            temperature.check_layers(self.n_layers, self.site.value)
+        self.temperature = temperature
 
     def augment(self, augmentation: PositionAugmentation | None, name: str = "?") -> None:
         """Draw this stack's positions with ``augmentation`` in training (None: never).
@@ -341,10 +356,14 @@ class StackEncoding(EncodingModule):
 
     def layer_rule(self, layer: int, cross: bool = False) -> AttentionRule:
         """The rule layer ``layer`` attends with: :meth:`self_rule` (or :meth:`cross_rule`),
-        plain attention on the layers of :attr:`off_layers`."""
-        if layer in self.off_layers:
-            return AttentionRule()
-        return self.cross_rule(layer) if cross else self.self_rule(layer)
+        plain attention on the layers of :attr:`off_layers`, self-attention with its queries
+        scaled where :attr:`temperature` applies."""
+        if cross:
+            return AttentionRule() if layer in self.off_layers else self.cross_rule(layer)
+        rule = AttentionRule() if layer in self.off_layers else self.self_rule(layer)
+        if self.temperature is not None and self.temperature.applies(layer, self.off_layers):
+            return self.temperature.wrap(rule, self.n_heads)
+        return rule
 
     @property
     def causal(self) -> bool:
