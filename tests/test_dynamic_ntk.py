@@ -16,11 +16,21 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from posenc.model.encodings.base import AttentionCall, Site
 from posenc.model.encodings.rope_scaling import dynamic_ntk_inverse_frequencies
-from posenc.model.encodings.rotary import DynamicNTKEncoderRule, DynamicNTKTables, RotaryEncoding
+from posenc.model.encodings.rotary import LengthEncoderRule, LengthTables, RotaryEncoding
 from posenc.model.encodings.rotation import RotaryRule
 from posenc.model.layers import DecoderCache
 
 DYNAMIC = {"scaling": "dynamic_ntk", "factor": 4.0}
+LONGROPE = {  # tiny_model's heads have 8 dims: 4 rotated pairs
+    "scaling": "longrope",
+    "factor": 4.0,
+    "short_factor": [1.0, 1.2, 1.5, 2.0],
+    "long_factor": [1.0, 2.0, 4.0, 8.0],
+}
+length_following = pytest.mark.parametrize(
+    "scaling", [DYNAMIC, LONGROPE], ids=lambda params: params["scaling"]
+)
+"""The scalings whose frequencies follow the sequence length share these properties."""
 
 
 def make_dynamic(
@@ -38,7 +48,7 @@ def rotated(encoding: RotaryEncoding, q, k, positions, key_padding_mask=None):
         q, k, _ = RotaryRule().prepare(q, k, None, positions, context=context)
         return q, k
     call = AttentionCall(positions, positions, False, key_padding_mask, context)
-    return DynamicNTKEncoderRule().rotated(q, k, call)
+    return LengthEncoderRule().rotated(q, k, call)
 
 
 def dynamic_base(length: int, head_dim: int, factor: float, trained: int) -> float:
@@ -189,8 +199,11 @@ def test_a_model_within_its_training_length_is_the_rope_model():
 
 
 @pytest.mark.parametrize("chunks", [(1,) * 10, (3, 2, 1, 4), (4, 6)], ids=str)
-def test_cached_decoding_in_any_chunks_equals_teacher_forcing_beyond_the_training_length(chunks):
-    model = tiny_model("rope", original_max_len=3, **DYNAMIC).eval()
+@length_following
+def test_cached_decoding_in_any_chunks_equals_teacher_forcing_beyond_the_training_length(
+    chunks, scaling
+):
+    model = tiny_model("rope", original_max_len=3, **scaling).eval()
     src, tgt = torch.randint(3, 40, (2, 7)), torch.randint(3, 40, (2, 10))
     src[1, 5:] = 0
     with torch.no_grad():
@@ -204,8 +217,9 @@ def test_cached_decoding_in_any_chunks_equals_teacher_forcing_beyond_the_trainin
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
 
 
-def test_cached_greedy_decoding_gives_the_tokens_of_full_recomputation_beyond_training():
-    model = tiny_model("rope", original_max_len=3, **DYNAMIC).eval()
+@length_following
+def test_cached_greedy_decoding_gives_the_tokens_of_full_recomputation_beyond_training(scaling):
+    model = tiny_model("rope", original_max_len=3, **scaling).eval()
     src = torch.randint(3, 40, (3, 9))
     src[2, 4:] = 0
     cached = model.generate(src, max_len_a=2.0, max_len_b=5, use_cache=True)
@@ -223,8 +237,9 @@ def test_lengths_of_1024_under_bfloat16_autocast_stay_finite():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def test_a_sources_base_follows_its_own_length_not_the_batch_or_its_padding():
-    model = tiny_model("rope", original_max_len=3, **DYNAMIC).eval()
+@length_following
+def test_a_sources_base_follows_its_own_length_not_the_batch_or_its_padding(scaling):
+    model = tiny_model("rope", original_max_len=3, **scaling).eval()
     src = torch.randint(3, 40, (2, 8))
     src[1, 5:] = 0
     tgt = torch.randint(3, 40, (2, 4))
@@ -240,7 +255,7 @@ def test_the_encoder_layers_of_a_call_share_one_table():
     tables = make_dynamic(Site.ENCODER, original_max_len=2).context(
         torch.arange(5), torch.arange(5)
     )
-    assert isinstance(tables, DynamicNTKTables)
+    assert isinstance(tables, LengthTables)
     mask = torch.zeros(2, 5, dtype=torch.bool)
     assert tables.table(mask) is tables.table(mask)
 

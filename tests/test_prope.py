@@ -18,7 +18,7 @@ from posenc.config import plain
 from posenc.config.identity import identity
 from posenc.model.encodings.base import AttentionCall, Site
 from posenc.model.encodings.rope_scaling import SCALINGS
-from posenc.model.encodings.rotary import DynamicNTKEncoderRule, RotaryEncoding
+from posenc.model.encodings.rotary import LengthEncoderRule, RotaryEncoding
 from posenc.model.encodings.rotation import RotaryRule
 
 CASES = [(8, 0.75), (10, 0.5), (16, 0.25), (32, 0.3), (64, 0.875), (16, 1.0)]
@@ -39,7 +39,7 @@ def rotated(
     ``prepare`` (before caching), or at attention time for dynamic NTK's encoder."""
     context = encoding.context(positions, positions)
     rule = encoding.self_rule(0)
-    if isinstance(rule, DynamicNTKEncoderRule):
+    if isinstance(rule, LengthEncoderRule):
         return rule.rotated(q, k, AttentionCall(positions, positions, False, None, context))
     q, k, _ = RotaryRule().prepare(q, k, None, positions, context=context)
     return q, k
@@ -145,7 +145,9 @@ def test_rotated_q_and_k_equal_transformers_llama_up_to_the_pair_layout(proporti
 def test_zeroed_pairs_are_exactly_unrotated_at_every_position(scaling, site):
     """The lowest ``D/2 - floor(p D / 2)`` pairs keep their values at every position, under every
     scaling (YaRN's temperature aside, which scales every pair); the others turn."""
-    encoding = make_prope(16, 0.5, site, scaling=scaling, factor=4.0, original_max_len=16)
+    longrope = {"short_factor": [1.5] * 8, "long_factor": [2.0 + i for i in range(8)]}
+    extra = longrope if scaling == "longrope" else {}
+    encoding = make_prope(16, 0.5, site, scaling=scaling, factor=4.0, original_max_len=16, **extra)
     positions = torch.arange(0, 300, 7)  # past original_max_len: dynamic NTK's base changes
     q, k = torch.randn(2, 2, len(positions), 16), torch.randn(2, 2, len(positions), 16)
     rq, rk = rotated(encoding, q, k, positions)

@@ -14,8 +14,9 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 import posenc.model.encodings.rotary as rotary
 from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
+from posenc.model.encodings.rope_scaling import AT_LENGTHS
 from posenc.model.encodings.rotary import CrossRotaryRule, RotaryEncoding
-from posenc.model.encodings.rotation import RotaryRule
+from posenc.model.encodings.rotation import RotaryRule, rotation_table
 from posenc.model.positions import PositionAugmentation
 
 
@@ -394,3 +395,59 @@ def test_yarn_temperature_with_deepseeks_mscale_matches_transformers():
     torch.testing.assert_close(ours.inv_freq, inv_freq)
     assert ours.attention_factor == pytest.approx(attention)
     assert ours.attention_factor != pytest.approx(make_rope(32, **params).attention_factor)
+
+
+LONG_FACTORS = {
+    "short_factor": [1.0 + 0.1 * i for i in range(8)],
+    "long_factor": [1.0 + i for i in range(8)],
+}
+
+
+@pytest.mark.parametrize("length", [32, 33, 100])
+def test_longrope_matches_transformers_short_and_long_frequencies_and_temperature(length):
+    """transformers' ``longrope`` (Phi-3): short factors up to the training length, long ones
+    beyond, and the temperature sqrt(1 + ln(factor) / ln(original))."""
+    ours = make_rope(16, scaling="longrope", factor=4.0, original_max_len=32, **LONG_FACTORS)
+    config = llama_config(
+        16,
+        1.0,
+        {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 32}
+        | LONG_FACTORS,
+    )
+    expected, attention = ROPE_INIT_FUNCTIONS["longrope"](config, seq_len=length)
+    got = AT_LENGTHS["longrope"](ours.inv_freq, ours.settings, torch.tensor([length]))[0]
+    torch.testing.assert_close(got, expected)
+    assert ours.attention_factor == pytest.approx(attention)
+    short, _ = ROPE_INIT_FUNCTIONS["longrope"](config)
+    torch.testing.assert_close(ours.inv_freq, short)
+
+
+def test_longrope_turns_a_source_by_its_length_and_a_target_position_by_the_length_it_ends():
+    encoder = RotaryEncoding(
+        Site.ENCODER, 32, 2, 1, scaling="longrope", factor=4.0, original_max_len=4, **LONG_FACTORS
+    )
+    tables = encoder.context(torch.arange(6), torch.arange(6))
+    padding = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])  # lengths 6 and 4
+    table = tables.table(padding)
+    short = rotation_table(torch.arange(6), encoder.inv_freq, encoder.attention_factor)
+    assert torch.allclose(table[1, 0], short) and not torch.allclose(table[0, 0], short)
+    decoder = make_rope(16, scaling="longrope", factor=4.0, original_max_len=4, **LONG_FACTORS)
+    rows = decoder.context(torch.arange(6), torch.arange(6)).q
+    torch.testing.assert_close(rows[:4], short[:4])  # positions 0-3 complete lengths 1-4
+    assert not torch.allclose(rows[4:], short[4:])
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"scaling": "longrope", "factor": 2.0}, "needs short_factor as 8 positive numbers"),
+        (
+            {"scaling": "longrope", "factor": 2.0, **LONG_FACTORS, "long_factor": [1.0] * 3},
+            "needs long_factor as 8 positive numbers",
+        ),
+        ({"scaling": "yarn", "factor": 2.0, **LONG_FACTORS}, "short_factor is LongRoPE's"),
+    ],
+)
+def test_longrope_factors_are_refused_unless_one_per_pair_and_with_longrope(params, message):
+    with pytest.raises(ValueError, match=message):
+        make_rope(16, **params)

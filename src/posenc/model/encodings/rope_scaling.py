@@ -1,7 +1,8 @@
 """RoPE's context-extension scalings.
 
 One function each in :data:`SCALINGS`, keyed by ``pe.scaling`` (as transformers'
-``ROPE_INIT_FUNCTIONS``), and dynamic NTK's frequencies at a given length;
+``ROPE_INIT_FUNCTIONS``), and, for the scalings whose frequencies follow the sequence length
+(dynamic NTK, LongRoPE), the frequencies at given lengths in :data:`AT_LENGTHS`;
 :mod:`~posenc.model.encodings.rotary` applies them."""
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ class ScalingSettings:
     """What a context-extension scaling reads: ``dim`` rotated dims, RoPE's ``base``, the
     extension ``factor``, the training length ``original_max_len``, and Llama 3's band limits
     (wavelengths beyond ``original_max_len / low_freq_factor`` are interpolated, those below
-    ``original_max_len / high_freq_factor`` kept; Llama 3.1's 1 and 4), and YaRN's
-    ``mscale``/``mscale_all_dim`` (:func:`yarn_attention_factor`)."""
+    ``original_max_len / high_freq_factor`` kept; Llama 3.1's 1 and 4), YaRN's
+    ``mscale``/``mscale_all_dim`` (:func:`yarn_attention_factor`), and LongRoPE's per-pair
+    ``short_factor`` and ``long_factor`` (``dim / 2`` each)."""
 
     dim: int
     base: float = 10000.0
@@ -50,6 +52,8 @@ class ScalingSettings:
     high_freq_factor: float = 4.0
     mscale: float | None = None
     mscale_all_dim: float | None = None
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
 
 Scaling = Callable[[ScalingSettings], tuple[Tensor, float]]
@@ -112,6 +116,22 @@ def _llama3(s: ScalingSettings) -> tuple[Tensor, float]:
     return torch.where(short_waves, inv_freq, out), 1.0
 
 
+def _longrope_attention_factor(s: ScalingSettings) -> float:
+    """LongRoPE's temperature ``sqrt(1 + ln(factor) / ln(original_max_len))`` (1 for
+    ``factor <= 1``), as transformers computes it."""
+    if s.factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(s.factor) / math.log(s.original_max_len))
+
+
+def _longrope(s: ScalingSettings) -> tuple[Tensor, float]:
+    """LongRoPE (Ding et al. 2024, Phi-3's form in transformers): pair ``i``'s frequency
+    divided by ``short_factor[i]`` up to ``original_max_len`` (these), by ``long_factor[i]``
+    beyond (:func:`longrope_inverse_frequencies`), cos and sin times its temperature."""
+    short = torch.tensor(s.short_factor, dtype=torch.float32)
+    return rope_frequencies(s.dim, s.base) / short, _longrope_attention_factor(s)
+
+
 #: every scaling by its ``pe.scaling`` name
 SCALINGS: dict[str, Scaling] = {
     "none": _unscaled,
@@ -120,34 +140,8 @@ SCALINGS: dict[str, Scaling] = {
     "yarn": _yarn,
     "dynamic_ntk": _unscaled,
     "llama3": _llama3,
+    "longrope": _longrope,
 }
-
-
-def rope_inverse_frequencies(
-    dim: int,
-    base: float = 10000.0,
-    scaling: str = "none",
-    factor: float = 1.0,
-    original_max_len: int = 256,
-    low_freq_factor: float = 1.0,
-    high_freq_factor: float = 4.0,
-    mscale: float | None = None,
-    mscale_all_dim: float | None = None,
-) -> tuple[Tensor, float]:
-    """Inverse frequencies ``theta (dim/2,)`` for ``dim`` rotated dims under ``scaling``
-    (:data:`SCALINGS`, :class:`ScalingSettings` for the others) and the factor that multiplies
-    cos and sin (YaRN's attention temperature; 1 otherwise)."""
-    settings = ScalingSettings(
-        dim,
-        base,
-        factor,
-        original_max_len,
-        low_freq_factor,
-        high_freq_factor,
-        mscale,
-        mscale_all_dim,
-    )
-    return SCALINGS[scaling](settings)
 
 
 def dynamic_ntk_inverse_frequencies(
@@ -164,3 +158,59 @@ def dynamic_ntk_inverse_frequencies(
     stretch = (factor * lengths.to(torch.float32) / original_max_len - (factor - 1)).clamp(min=1.0)
     exponents = torch.arange(0, dim, 2, dtype=torch.float32, device=inv_freq.device) / (dim - 2)
     return inv_freq * stretch[:, None] ** -exponents
+
+
+def longrope_inverse_frequencies(inv_freq: Tensor, s: ScalingSettings, lengths: Tensor) -> Tensor:
+    """LongRoPE's inverse frequencies ``(S, r/2)`` at the sequence lengths ``lengths (S,)``
+    from its short ones ``inv_freq (r/2,)`` (:data:`SCALINGS`' ``longrope``): pair ``i``
+    divided by ``long_factor[i]`` instead of ``short_factor[i]`` for lengths over
+    ``original_max_len``."""
+    ratio = torch.tensor(
+        s.short_factor, dtype=torch.float32, device=inv_freq.device
+    ) / torch.tensor(s.long_factor, dtype=torch.float32, device=inv_freq.device)
+    beyond = (lengths > s.original_max_len)[:, None]
+    return torch.where(beyond, inv_freq * ratio, inv_freq)
+
+
+def _dynamic_ntk_at(inv_freq: Tensor, s: ScalingSettings, lengths: Tensor) -> Tensor:
+    """:func:`dynamic_ntk_inverse_frequencies` with the settings' factor and training length."""
+    return dynamic_ntk_inverse_frequencies(inv_freq, s.factor, s.original_max_len, lengths)
+
+
+def checked_longrope_factors(
+    scaling: str, dim: int, short_factor: object, long_factor: object
+) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    """``(short_factor, long_factor)`` as tuples: for ``longrope`` both lists of ``dim / 2``
+    positive numbers, for any other scaling both None.
+
+    Raises:
+        ValueError: either is missing, of another length or not positive under ``longrope``,
+            or given to another scaling (one line).
+    """
+    factors = {"short_factor": short_factor, "long_factor": long_factor}
+    if scaling != "longrope":
+        given = [name for name, value in factors.items() if value is not None]
+        if given:
+            raise ValueError(
+                f"rope: {given[0]} is LongRoPE's; set scaling=longrope or leave it null"
+            )
+        return None, None
+    for name, value in factors.items():
+        if (
+            not isinstance(value, list | tuple)
+            or len(value) != dim // 2
+            or any(isinstance(v, bool) or not isinstance(v, int | float) or v <= 0 for v in value)
+        ):
+            raise ValueError(
+                f"rope: scaling=longrope needs {name} as {dim // 2} positive numbers (one per "
+                f"rotated pair), got {value!r}"
+            )
+    return tuple(map(float, short_factor)), tuple(map(float, long_factor))  # type: ignore[arg-type]
+
+
+#: the scalings whose frequencies follow the sequence length, by name: ``(inverse frequencies
+#: (r/2,) of :data:`SCALINGS`, settings, lengths (S,)) -> inverse frequencies (S, r/2)``
+AT_LENGTHS: dict[str, Callable[[Tensor, ScalingSettings, Tensor], Tensor]] = {
+    "dynamic_ntk": _dynamic_ntk_at,
+    "longrope": longrope_inverse_frequencies,
+}

@@ -33,10 +33,10 @@ from torch import Tensor
 
 from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
 from posenc.model.encodings.rope_scaling import (
+    AT_LENGTHS,
     SCALINGS,
     ScalingSettings,
-    dynamic_ntk_inverse_frequencies,
-    rope_inverse_frequencies,
+    checked_longrope_factors,
 )
 from posenc.model.encodings.rotation import (
     RotaryRule,
@@ -94,15 +94,17 @@ def proportional_frequencies(inv_freq: Tensor, rope_proportion: float) -> Tensor
 
 
 @dataclass
-class DynamicNTKTables:
-    """What a dynamic-NTK encoder call rotates with: its positions, RoPE's frequencies and the
-    scaling. :meth:`table` builds the rotation for the sources' lengths once per call (the
-    first layer builds it, the others reuse it)."""
+class LengthTables:
+    """What an encoder call rotates with when the frequencies follow the sequence length
+    (dynamic NTK, LongRoPE): its positions, the frequencies up to the training length, the
+    scaling and its temperature. :meth:`table` builds the rotation for the sources' lengths
+    once per call (the first layer builds it, the others reuse it)."""
 
     positions: Tensor
     inv_freq: Tensor
-    factor: float
-    original_max_len: int
+    scaling: str
+    settings: ScalingSettings
+    scale: float = 1.0
     _built: tuple[Tensor | None, Tensor] | None = field(default=None, repr=False)
 
     def lengths(self, key_padding_mask: Tensor | None) -> Tensor:
@@ -118,20 +120,19 @@ class DynamicNTKTables:
         if self._built is not None and self._built[0] is key_padding_mask:
             return self._built[1]
         lengths = self.lengths(key_padding_mask)
-        if bool((lengths <= self.original_max_len).all()):
-            table = rotation_table(self.positions, self.inv_freq)  # RoPE itself
+        if bool((lengths <= self.settings.original_max_len).all()):
+            table = rotation_table(self.positions, self.inv_freq, self.scale)
         elif bool((lengths == lengths[0]).all()):
-            table = rotation_table(self.positions, self.scaled(lengths[:1])[0])
+            table = rotation_table(self.positions, self.scaled(lengths[:1])[0], self.scale)
         else:
-            table = rotation_table(self.positions, self.scaled(lengths)[:, None])[:, None]
+            scaled = self.scaled(lengths)[:, None]
+            table = rotation_table(self.positions, scaled, self.scale)[:, None]
         self._built = (key_padding_mask, table)
         return table
 
     def scaled(self, lengths: Tensor) -> Tensor:
         """The inverse frequencies ``(S, r/2)`` at ``lengths (S,)``."""
-        return dynamic_ntk_inverse_frequencies(
-            self.inv_freq, self.factor, self.original_max_len, lengths
-        )
+        return AT_LENGTHS[self.scaling](self.inv_freq, self.settings, lengths)
 
 
 class RotateAtAttention(AttentionRule):
@@ -153,10 +154,11 @@ class RotateAtAttention(AttentionRule):
         return super().forward(*self.rotated(q, k, call), v, key_state, call)
 
 
-class DynamicNTKEncoderRule(RotateAtAttention):
-    """Dynamic NTK in the encoder: q and k are rotated at attention time, where the padding mask
-    tells each source's length (:class:`DynamicNTKTables`); the encoder caches nothing, so this
-    costs what rotating in :meth:`prepare` would.
+class LengthEncoderRule(RotateAtAttention):
+    """A length-following scaling in the encoder (dynamic NTK, LongRoPE): q and k are rotated
+    at attention time, where the padding mask tells each source's length
+    (:class:`LengthTables`); the encoder caches nothing, so this costs what rotating in
+    :meth:`prepare` would.
 
     :attr:`rotates_qk` stays False: :meth:`prepare` does not rotate, so the plots' rotary panel,
     which rotates through it, would draw no rotation. ``heads``: rotate the last this many heads
@@ -168,9 +170,9 @@ class DynamicNTKEncoderRule(RotateAtAttention):
         self.heads = heads
 
     def rotated(self, q: Tensor, k: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor]:
-        """``q, k (B, H, L, D)`` rotated with the base of each source's length."""
-        if not isinstance(call.context, DynamicNTKTables):
-            raise ValueError("a dynamic-NTK encoder rule needs the stack's DynamicNTKTables")
+        """``q, k (B, H, L, D)`` rotated with the frequencies of each source's length."""
+        if not isinstance(call.context, LengthTables):
+            raise ValueError("a length-following encoder rule needs the stack's LengthTables")
         table = call.context.table(call.key_padding_mask)
         return rotate_heads(q, table, self.heads), rotate_heads(k, table, self.heads)
 
@@ -228,6 +230,9 @@ class RotaryEncoding(RotaryStack):
             ``None``: Llama 3.1's 1 and 4).
         mscale, mscale_all_dim: YaRN's temperature as DeepSeek-V2 sets it
             (:func:`yarn_attention_factor`; ``None``: the paper's ``0.1 ln(factor) + 1``).
+        short_factor, long_factor: ``longrope``'s per-pair divisors of the frequencies up to
+            and beyond ``original_max_len`` (``r/2`` each; required with it, refused
+            without).
     """
 
     applies_to = "encoder and decoder self-attention (q, k rotated); cross-attention plain"
@@ -258,6 +263,8 @@ class RotaryEncoding(RotaryStack):
         high_freq_factor: float | None = None,
         mscale: float | None = None,
         mscale_all_dim: float | None = None,
+        short_factor: list[float] | None = None,
+        long_factor: list[float] | None = None,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
         if rotate_num_heads is not None and not 0 < rotate_num_heads <= n_heads:
@@ -271,10 +278,11 @@ class RotaryEncoding(RotaryStack):
                 f"rope: cross_attention={cross_attention!r} is unknown; "
                 f"use one of {CROSS_ATTENTION} (null: plain)"
             )
-        if cross_attention == "rotated" and scaling == "dynamic_ntk":
+        if cross_attention == "rotated" and scaling in AT_LENGTHS:
             raise ValueError(
-                "rope: cross_attention=rotated with scaling=dynamic_ntk: the bases of a source's "
-                "and a target's lengths differ; use another scaling or cross_attention=plain"
+                f"rope: cross_attention=rotated with scaling={scaling}: the frequencies of a "
+                "source's and a target's lengths differ; use another scaling or "
+                "cross_attention=plain"
             )
         if scaling not in SCALINGS:
             raise ValueError(
@@ -302,23 +310,25 @@ class RotaryEncoding(RotaryStack):
                 f"rope: scaling=llama3 needs 0 < low_freq_factor < high_freq_factor, got "
                 f"{low} and {high}"
             )
-        inv_freq, self.attention_factor = rope_inverse_frequencies(
-            dim,
-            base,
+        self.scaling, self.settings = (
             scaling,
-            factor,
-            original_max_len,
-            low,
-            high,
-            mscale,
-            mscale_all_dim,
+            ScalingSettings(
+                dim,
+                base,
+                factor,
+                original_max_len,
+                low,
+                high,
+                mscale,
+                mscale_all_dim,
+                *checked_longrope_factors(scaling, dim, short_factor, long_factor),
+            ),
         )
+        inv_freq, self.attention_factor = SCALINGS[scaling](self.settings)
         if rope_proportion is not None:
             inv_freq = proportional_frequencies(inv_freq, rope_proportion)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.dynamic = scaling == "dynamic_ntk"
-        self.factor = factor
-        self.original_max_len = original_max_len
+        self.dynamic = scaling in AT_LENGTHS
         self.cross_rotated = cross_attention == "rotated"
         if self.cross_rotated:
             self.applies_to = (
@@ -328,7 +338,7 @@ class RotaryEncoding(RotaryStack):
 
     def self_rule(self, layer: int) -> AttentionRule:
         if self.dynamic and not self.causal:
-            return DynamicNTKEncoderRule(self.rotate_num_heads)
+            return LengthEncoderRule(self.rotate_num_heads)
         return RotaryRule(self.rotate_num_heads)
 
     def cross_rule(self, layer: int) -> AttentionRule:
@@ -347,16 +357,16 @@ class RotaryEncoding(RotaryStack):
             )
         super().augment(augmentation, name)
 
-    def context(self, q_pos: Tensor, k_pos: Tensor) -> RotaryTables | DynamicNTKTables:
+    def context(self, q_pos: Tensor, k_pos: Tensor) -> RotaryTables | LengthTables:
         """The ``(Lq, r/2)`` table of the call's new tokens (keys share the queries' positions);
-        with dynamic NTK, each decoder position at the base of the length it completes, and
-        what the encoder's rule needs to rotate at each source's length."""
+        with a length-following scaling, each decoder position at the frequencies of the length
+        it completes, and what the encoder's rule needs to rotate at each source's length."""
         if self.dynamic and not self.causal:
-            return DynamicNTKTables(q_pos, self.inv_freq, self.factor, self.original_max_len)
-        inv_freq = self.inv_freq
-        if self.dynamic:  # (Lq, r/2): position m at the base of length m + 1
-            inv_freq = dynamic_ntk_inverse_frequencies(
-                inv_freq, self.factor, self.original_max_len, q_pos + 1
+            return LengthTables(
+                q_pos, self.inv_freq, self.scaling, self.settings, self.attention_factor
             )
+        inv_freq = self.inv_freq
+        if self.dynamic:  # (Lq, r/2): position m at the frequencies of length m + 1
+            inv_freq = AT_LENGTHS[self.scaling](inv_freq, self.settings, q_pos + 1)
         table = rotation_table(q_pos, inv_freq, self.attention_factor)
         return RotaryTables(table, table)
