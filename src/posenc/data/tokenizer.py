@@ -46,12 +46,16 @@ KEPT_FILE = "posenc_kept_ids.json"  # the kept WordPiece ids of a compact mBERT,
 TYPES_CHUNK = 10_000  # sentences tokenised at a time when collecting the training types
 
 
+#: the line boundaries of :meth:`str.splitlines` (``\\r\\n`` counts as one)
+LINE_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
 def one_line(text: str) -> str:
-    """``text`` with its line breaks (``\\n``, ``\\r`` and every other boundary of
-    :meth:`str.splitlines`) made spaces: a sentence is one line of a file. Text read from data
-    has none (:func:`~posenc.data.streams.normalise`); a byte-level model that has not learnt
-    yet can emit them, and one would shift every later line of its hypotheses file."""
-    return " ".join(text.splitlines()) if text else text
+    """``text`` with each of its line breaks (:data:`LINE_BREAK`) made a space: a sentence is
+    one line of a file. Text read from data has none (:func:`~posenc.data.streams.normalise`);
+    a byte-level model that has not learnt yet can emit them, and one would shift every later
+    line of its hypotheses file."""
+    return LINE_BREAK.sub(" ", text)
 
 
 class Tokenizer:
