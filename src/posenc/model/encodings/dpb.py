@@ -41,7 +41,7 @@ from posenc.model.encodings.base import Site, compute_dtype
 from posenc.model.encodings.common import BiasEncoding, SharedBias
 
 
-def log_distance(x: Tensor) -> Tensor:
+def signed_log(x: Tensor) -> Tensor:
     """``sign(x) * log(|x| + 1)`` elementwise."""
     return torch.sign(x) * torch.log1p(x.abs())
 
@@ -117,7 +117,7 @@ class DynamicPositionBiasEncoding(BiasEncoding):
         weight = self.mlp[0].weight
         with torch.autocast(weight.device.type, enabled=False):
             x = distances.to(compute_dtype(weight))[:, None]  # (U, 1)
-            out = self.mlp(log_distance(x) if self.log_distance else x)  # (U, H)
+            out = self.mlp(signed_log(x) if self.log_distance else x)  # (U, H)
         return out.t()[:, inverse][None]
 
     def bias_rule(self, layer: int) -> SharedBias:

@@ -148,7 +148,6 @@ class LieREEncoding(StackEncoding):
             raise ValueError(f"liere: max_len={max_len} must be at least 1 (the training length)")
         self.max_len = max_len
         self.shape = (n_heads if per_head else 1, head_dim // block, block)
-        self.per_layer = per_layer
         self.shared = None if per_layer else LieGenerators(*self.shape)
 
     def context(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
@@ -159,5 +158,5 @@ class LieREEncoding(StackEncoding):
         return self.shared.rotations(q_pos / self.max_len)
 
     def self_rule(self, layer: int) -> AttentionRule:
-        own = LieGenerators(*self.shape) if self.per_layer else None
+        own = LieGenerators(*self.shape) if self.shared is None else None
         return LieRERule(own, self.max_len)
