@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from posenc.analysis.headline import (
+    MAX_SYSTEMS,
     depth_changes,
     headline,
     headline_table,
@@ -43,6 +44,11 @@ def main() -> int:
     args = parser.parse_args()
     splits = args.splits.split(",")
     systems = [s for s in args.systems.split(",") if s]
+    if len(systems) > MAX_SYSTEMS:
+        sys.exit(
+            f"headline: {len(systems)} systems in --systems; a figure draws at most {MAX_SYSTEMS}: "
+            "give fewer (or run the script once per group)"
+        )
     with tempfile.TemporaryDirectory() as scratch:  # the clean splits' files, while read
         sweeps, losses = {}, {}
         for item in args.sweep:

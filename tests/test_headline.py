@@ -3,7 +3,11 @@ every cell judged by the decision rule as one family, drawn as small multiples."
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+from conftest import ROOT
 from conftest import scored_entry as entry
 
 from posenc.analysis.headline import (
@@ -47,11 +51,35 @@ def test_each_system_is_set_against_the_baseline_at_every_depth(tmp_path):
     assert plot_headline(cells, "bleu", "nonepe", tmp_path / "h.png").stat().st_size > 0
 
 
-def test_a_figure_holds_at_most_eight_systems(tmp_path):
+def test_a_figure_holds_at_most_max_systems(tmp_path):
     sweeps = {"d": sweep(tmp_path, "d", {"nonepe": 2}, seeds=(0,))}
     cells = headline(sweeps, [f"s{i}" for i in range(MAX_SYSTEMS + 1)], "nonepe", samples=10)
-    with pytest.raises(ValueError, match="draw at most 8 a figure"):
+    with pytest.raises(ValueError, match=f"draw at most {MAX_SYSTEMS} a figure"):
         plot_headline(cells, "bleu", "nonepe", tmp_path / "h.png")
+
+
+def test_the_script_refuses_too_many_systems_before_reading_any_sweep(tmp_path):
+    systems = ",".join(f"s{i}" for i in range(MAX_SYSTEMS + 1))
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "headline.py"),
+            "--sweep",
+            f"d={tmp_path / 'none'}",
+            "--systems",
+            systems,
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip() == (
+        f"headline: {MAX_SYSTEMS + 1} systems in --systems; a figure draws at most "
+        f"{MAX_SYSTEMS}: give fewer (or run the script once per group)"
+    )
 
 
 def test_validation_loss_is_judged_over_the_seeds_lower_being_ahead():

@@ -30,7 +30,7 @@ from posenc.analysis.report.runs import Entry
 from posenc.runtime.figures import save_figure
 
 #: the most systems one figure draws (more would not be read)
-MAX_SYSTEMS = 8
+MAX_SYSTEMS = 10
 #: each depth's marker, in the order the sweeps are given
 MARKERS = ("o", "s", "D", "^", "v")
 #: how the metrics are spelled on the axes
