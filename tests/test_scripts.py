@@ -22,7 +22,7 @@ from posenc.analysis.bench import measure
 from posenc.analysis.bench import runner as bench
 from posenc.model.factory import build_named_model, encoding_names, select_encodings
 
-PLOTTED = [name for name in ("nonepe", "sinpe", "alibi", "rope") if name in PE_NAMES]
+PLOTTED = [name for name in ("nonepe", "sinpe", "alibi", "rope", "comrope") if name in PE_NAMES]
 
 
 def test_catalog_lists_every_config_with_nonepe_first():

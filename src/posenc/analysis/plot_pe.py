@@ -158,15 +158,15 @@ def _row_with_mask(matrix: Tensor, call: AttentionCall, query: int) -> Tensor:
 def rotary_scores(
     rule: AttentionRule, encoding: StackEncoding, length: int, query: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``q_query . k_j / D`` for ``j < length`` with ``q = k`` the same vector at every position,
-    rotated by ``rule.prepare``: for one seeded random vector, and the mean over
-    :data:`ROTARY_SAMPLES` random vectors. Returns two ``(L,)`` arrays."""
+    """``q_query . k_j / D`` of head 0 for ``j < length`` with ``q = k`` the same vector at every
+    position and head, rotated by ``rule.prepare``: for one seeded random vector, and the mean
+    over :data:`ROTARY_SAMPLES` random vectors. Returns two ``(L,)`` arrays."""
     dim = encoding.d_model // encoding.n_heads
     positions = torch.arange(length)
     context = encoding.context(positions, positions)
     generator = torch.Generator().manual_seed(seed)
     vectors = torch.randn(ROTARY_SAMPLES, 1, 1, dim, generator=generator)
-    qk = vectors.expand(-1, -1, length, -1).contiguous()
+    qk = vectors.expand(-1, encoding.n_heads, length, -1).contiguous()  # rules may act per head
     x = torch.zeros(1, length, encoding.d_model).expand(ROTARY_SAMPLES, -1, -1)
     q, k, _ = rule.prepare(qk, qk, x, positions, context=context)
     scores = (q[:, 0, query, None, :] * k[:, 0]).sum(-1) / dim  # (N, L)

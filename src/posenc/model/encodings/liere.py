@@ -41,8 +41,8 @@ from posenc.model.encodings.base import (
     EncodingModule,
     Site,
     StackEncoding,
-    compute_dtype,
 )
+from posenc.model.encodings.rotation import block_exponentials, rotate_blocks
 
 
 class LieGenerators(EncodingModule):
@@ -66,21 +66,7 @@ class LieGenerators(EncodingModule):
 
     def rotations(self, positions: Tensor) -> Tensor:
         """``exp(x_t S)`` ``(L, G, n, b, b)`` at normalised positions ``positions (L,)``."""
-        dtype = compute_dtype(self.raw)
-        with torch.autocast(self.raw.device.type, enabled=False):
-            skew = self.skew().to(dtype)
-            return torch.linalg.matrix_exp(positions.to(dtype)[:, None, None, None, None] * skew)
-
-
-def rotate_blocks(x: Tensor, rotations: Tensor) -> Tensor:
-    """``x (B, H, L, D)`` with each block of ``b`` dims of token ``t`` multiplied by its
-    rotation of ``rotations (L, G, n, b, b)`` (``G`` 1: the same for every head)."""
-    b, h, length, d = x.shape
-    blocks = rotations.shape[2]
-    work = x.to(rotations.dtype).reshape(b, h, length, blocks, -1)
-    per_head = rotations.permute(1, 0, 2, 3, 4)  # (G, L, n, b, b)
-    out = torch.einsum("hlnij,bhlnj->bhlni", per_head, work)
-    return out.reshape(b, h, length, d).to(x.dtype)
+        return block_exponentials(self.skew(), positions)
 
 
 class LieRERule(AttentionRule):

@@ -2,7 +2,9 @@
 
 RoPE (:mod:`~posenc.model.encodings.rotary`) and xPos (:mod:`~posenc.model.encodings.xpos`)
 use RoPE's frequencies, the complex rotation tables, the rotation of pairs of dims, and the
-stack whose self-attention rotates the new tokens before they are cached."""
+stack whose self-attention rotates the new tokens before they are cached; FoPE maps pairs by
+complex tables of its own; LieRE and ComRoPE rotate blocks of dims by exponentials of
+skew-symmetric generators."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posenc.model.encodings.base import AttentionRule, StackEncoding
+from posenc.model.encodings.base import AttentionRule, StackEncoding, compute_dtype
 
 
 def rope_frequencies(dim: int, base: float = 10000.0) -> Tensor:
@@ -48,6 +50,28 @@ def rotate(x: Tensor, table: Tensor) -> Tensor:
     if r < x.shape[-1]:
         out = torch.cat((out, work[..., r:]), dim=-1)
     return out.to(x.dtype)
+
+
+def block_exponentials(skew: Tensor, positions: Tensor) -> Tensor:
+    """``exp(x_t S)`` ``(L, G, n, b, b)`` of skew-symmetric generators ``skew (G, n, b, b)`` (``G``
+    head groups of ``n`` blocks of ``b`` dims) at real positions ``positions (L,)``, taken in
+    float32 (float64 for float64 generators) outside autocast: LieRE's and ComRoPE's
+    rotations."""
+    dtype = compute_dtype(skew)
+    with torch.autocast(skew.device.type, enabled=False):
+        angles = positions.to(dtype)[:, None, None, None, None] * skew.to(dtype)
+        return torch.linalg.matrix_exp(angles)
+
+
+def rotate_blocks(x: Tensor, rotations: Tensor) -> Tensor:
+    """``x (B, H, L, D)`` with each block of ``b`` dims of token ``t`` multiplied by its
+    rotation of ``rotations (L, G, n, b, b)`` (``G`` 1: the same for every head)."""
+    b, h, length, d = x.shape
+    blocks = rotations.shape[2]
+    work = x.to(rotations.dtype).reshape(b, h, length, blocks, -1)
+    per_head = rotations.permute(1, 0, 2, 3, 4)  # (G, L, n, b, b)
+    out = torch.einsum("hlnij,bhlnj->bhlni", per_head, work)
+    return out.reshape(b, h, length, d).to(x.dtype)
 
 
 @dataclass
