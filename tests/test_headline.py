@@ -51,6 +51,27 @@ def test_each_system_is_set_against_the_baseline_at_every_depth(tmp_path):
     assert plot_headline(cells, "bleu", "nonepe", tmp_path / "h.png").stat().st_size > 0
 
 
+def test_each_depth_is_its_own_family_so_adding_one_leaves_the_others_verdicts(tmp_path):
+    shallow = sweep(tmp_path, "one", {"nonepe": 2, "rope": 4, "alibi": 3})
+    alone = headline({"1 layer": shallow}, ["rope", "alibi"], "nonepe", samples=200)
+    deep = sweep(tmp_path, "three", {f"s{i}": 2 for i in range(8)} | {"nonepe": 3})
+    both = headline(
+        {"1 layer": shallow, "3 layers": deep}, ["rope", "alibi"] + list(deep), "nonepe", 200
+    )
+    before = {(c.system, c.split): (c.verdict(), c.judgement.p_holm) for c in alone}
+    after = {
+        (c.system, c.split): (c.verdict(), c.judgement.p_holm)
+        for c in both
+        if c.depth == "1 layer" and c.system in ("rope", "alibi")
+    }
+    assert before == after
+    losses = {"1 layer": {"nonepe": {0: 5.0, 1: 5.1, 2: 5.05}, "rope": {0: 4.5, 1: 4.62, 2: 4.5}}}
+    wider = losses | {"3 layers": {"nonepe": {0: 4.0, 1: 4.1}, "rope": {0: 3.9, 1: 4.05}}}
+    one = [c.p_holm for c in loss_headline(losses, ["rope"], "nonepe")]
+    two = [c.p_holm for c in loss_headline(wider, ["rope"], "nonepe") if c.depth == "1 layer"]
+    assert one == two
+
+
 def test_a_figure_holds_at_most_max_systems(tmp_path):
     sweeps = {"d": sweep(tmp_path, "d", {"nonepe": 2}, seeds=(0,))}
     cells = headline(sweeps, [f"s{i}" for i in range(MAX_SYSTEMS + 1)], "nonepe", samples=10)

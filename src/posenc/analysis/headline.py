@@ -2,8 +2,9 @@
 and by model depth, from several sweeps at once (``scripts/headline.py``).
 
 Every difference is the decision rule's (:mod:`posenc.analysis.decision`: the seeds' spread and
-the resampled test sentences as noise), all of them one family corrected with Holm's method
-(:mod:`posenc.analysis.report.findings`); the table gives the difference and its 95% interval
+the resampled test sentences as noise), each depth's cells one family corrected with Holm's
+method (:mod:`posenc.analysis.report.findings`), as its sweep's own report would: a depth added
+leaves the others' verdicts as they were; the table gives the difference and its 95% interval
 in the metric's points, with the verdict, and the figure draws them as small multiples: one
 panel per split, the systems down the side, one marker per depth, at most
 :data:`MAX_SYSTEMS` systems a figure."""
@@ -96,17 +97,19 @@ def headline(
     samples: int = 1000,
 ) -> list[Cell]:
     """Every system of ``systems`` against ``baseline`` in every sweep (``depth label ->
-    split -> systems``) and split, judged as one family."""
+    split -> systems``) and split, each depth's cells (every split and metric) one family."""
     cache = StatisticsCache()
     cells = []
     for depth, splits in sweeps.items():
+        family = []
         for split, found in splits.items():
             for system in systems:
                 judgement = None
                 if system in found and baseline in found:
                     judgement = judge_pair(found[system], found[baseline], samples, cache)
-                cells.append(Cell(depth, split, system, judgement))
-    judge_family([c.judgement for c in cells if c.judgement is not None])
+                family.append(Cell(depth, split, system, judgement))
+        judge_family([c.judgement for c in family if c.judgement is not None])
+        cells += family
     return cells
 
 
@@ -114,21 +117,24 @@ def loss_headline(
     losses: Mapping[str, Losses], systems: Sequence[str], baseline: str
 ) -> list[LossCell]:
     """Every system of ``systems`` against ``baseline`` on validation loss in every sweep
-    (``depth label -> losses``), the tested cells one family under Holm's correction."""
+    (``depth label -> losses``), each depth's tested cells one family under Holm's
+    correction."""
     cells = []
     for depth, found in losses.items():
+        family = []
         for system in systems:
             comparison = None
             if found.get(system) and found.get(baseline):
                 comparison = compare_scores(found[system], found[baseline])
-            cells.append(LossCell(depth, system, comparison))
-    tested = {
-        i: c.comparison.p
-        for i, c in enumerate(cells)
-        if c.comparison is not None and c.comparison.p is not None
-    }
-    for i, p in holm(tested).items():
-        cells[i].p_holm = p
+            family.append(LossCell(depth, system, comparison))
+        tested = {
+            i: c.comparison.p
+            for i, c in enumerate(family)
+            if c.comparison is not None and c.comparison.p is not None
+        }
+        for i, p in holm(tested).items():
+            family[i].p_holm = p
+        cells += family
     return cells
 
 
@@ -193,8 +199,8 @@ def headline_table(cells: Sequence[Cell], metric: str, baseline: str) -> list[st
         "",
         f"Each cell: the system's mean {LABELS.get(metric, metric)} over its seeds minus "
         f"{baseline}'s, its 95% "
-        "interval (seeds and resampled test sentences as noise) and the verdict, every cell of "
-        "every metric one family under Holm's correction.",
+        "interval (seeds and resampled test sentences as noise) and the verdict; a depth's "
+        "cells of every split and metric are one family under Holm's correction.",
     ]
     return lines
 
@@ -218,7 +224,7 @@ def loss_table(cells: Sequence[LossCell], baseline: str) -> list[str]:
         "",
         f"Each cell: the system's best validation loss (nats, mean over its seeds) minus "
         f"{baseline}'s, its 95% interval (the seeds as noise) and the verdict (ahead: lower "
-        "loss), the cells one family under Holm's correction.",
+        "loss); a depth's cells are one family under Holm's correction.",
     ]
     return lines
 
