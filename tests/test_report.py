@@ -625,6 +625,23 @@ def test_a_run_not_yet_scored_by_the_named_evaluation_stays_in_its_encodings_gro
     assert labels == ["rope (eval.beam_size=5)", "rope (eval.beam_size=1)"]
 
 
+def test_a_data_setting_older_runs_lack_reads_as_the_value_they_were_made_with():
+    """Runs made before ``data.holdout_drops`` existed dropped shared sources only: a newer run
+    that asks for that rule explicitly joins their group; one with the newer rule does not."""
+    older = {"pe.name": "rope", "data.kind": "local"}
+    runs = [
+        Run("a", Path("a"), {**older, "seed": 0}, SCORED),
+        Run("b", Path("b"), {**older, "data.holdout_drops": ["source"], "seed": 1}, SCORED),
+    ]
+    assert [group.label for group in group_runs(runs)] == ["rope"]
+    runs[1].config["data.holdout_drops"] = ["source", "target"]
+    labels = [group.label for group in group_runs(runs)]
+    assert labels == [
+        "rope (data.holdout_drops=['source'])",
+        "rope (data.holdout_drops=['source', 'target'])",
+    ]
+
+
 def test_names_and_messages_from_the_runs_cannot_inject_markdown_html_or_formulas(sweep, tmp_path):
     """A run folder named to start a heading and carry a script, one named as a spreadsheet
     formula, and a failure message with a tag: the markdown shows them as text, the CSV as

@@ -29,6 +29,8 @@ from posenc.config.variants import (
     settings_text,
     variant_label,
 )
+from posenc.data.config import data_config
+from posenc.data.corpus import DataError
 from posenc.evaluation.sentence_losses import losses_file
 from posenc.runtime.rundir import RunDir
 from posenc.runtime.sinks import LEGACY_TIME_PREFIX, TIME_PREFIX
@@ -342,9 +344,31 @@ def _value_key(value: Any) -> str:
 
 def differing_keys(runs: Sequence[Run]) -> list[str]:
     """Config keys, sorted, whose value is not the same in every run; a null setting counts
-    as absent (as in run identity: a setting added later with a null default changes nothing)."""
+    as absent (as in run identity: a setting added later with a null default changes nothing),
+    and a ``data.*`` setting a run's config lacks reads as the value it was made with
+    (:func:`setting_as_made`)."""
     keys = sorted({k for r in runs for k in r.config})
-    return [k for k in keys if len({_value_key(r.config.get(k)) for r in runs}) > 1]
+    return [k for k in keys if len({_value_key(setting_as_made(r, k)) for r in runs}) > 1]
+
+
+def _shown(value: Any) -> Any:
+    """A setting as a group's label shows it: ``?`` where the run has none."""
+    return "?" if value is None else value
+
+
+def setting_as_made(run: Run, key: str) -> Any:
+    """``run``'s value of ``key``; a ``data.*`` key its config lacks is the typed data config's
+    default for its kind (:mod:`posenc.data.config`: the value of runs made before the key
+    existed, e.g. ``data.holdout_drops`` shared sources only), so a newer run that sets that
+    value explicitly trained on the same rule and joins the older runs' group."""
+    if key in run.config or not key.startswith("data."):
+        return run.config.get(key)
+    try:
+        typed = data_config({"kind": run.config.get("data.kind")})
+    except (DataError, TypeError, ValueError):
+        return None
+    value = getattr(typed, key.removeprefix("data."), None)
+    return list(value) if isinstance(value, tuple) else value
 
 
 def pe_defaults(pe: str, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
@@ -392,7 +416,7 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
         own = [  # the encoding's settings where this run leaves its YAML's default
             k for k in pe_keys.get(run.pe, []) if run.config.get(k) != defaults[run.pe].get(k)
         ]
-        settings = {k: run.config.get(k, "?") for k in own + variant_keys}
+        settings = {k: _shown(setting_as_made(run, k)) for k in own + variant_keys}
         variant = settings_text(settings)
         run.label = variant_label(run.pe, settings)
         groups.setdefault(run.label, Group(run.label, run.pe, variant, [])).runs.append(run)
