@@ -65,8 +65,6 @@ class ContextRotaryRule(AttentionRule):
             ``W ~ N(0, 0.02)`` and no bias.
     """
 
-    rotates_qk = False  # the rotation depends on the tokens, not on positions alone
-
     def __init__(self, d_model: int, n_heads: int, base: float, rope_init: bool) -> None:
         super().__init__()
         self.base, self.rope_init = base, rope_init

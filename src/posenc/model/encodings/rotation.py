@@ -32,9 +32,10 @@ def rotation_table(positions: Tensor, inv_freq: Tensor, scale: Tensor | float = 
 
 
 def rotate(x: Tensor, table: Tensor) -> Tensor:
-    """Rotate the first ``r`` dims of ``x (B, H, L, D)`` by ``table (L, r/2)`` (or one per
-    sequence, ``(B, 1, L, r/2)``) from :func:`rotation_table`, pair ``(2i, 2i+1)`` by entry
-    ``i``; the other dims pass through.
+    """Rotate the first ``r`` dims of ``x (B, H, L, D)`` by ``table (L, r/2)`` (or any shape
+    that broadcasts to ``(B, H, L, r/2)``: one per sequence ``(B, 1, L, r/2)``, per head
+    ``(H, L, r/2)``, per sequence and head) from :func:`rotation_table` or an encoding's own
+    complex maps, pair ``(2i, 2i+1)`` by entry ``i``; the other dims pass through.
 
     Computed in float32 for lower-precision inputs (complex bfloat16 does not exist) and
     returned in ``x``'s dtype.
