@@ -34,6 +34,16 @@ class FeedForward(nn.Module):
         return self.down(self.dropout(self.activation(self.up(x))))
 
 
+def feedforward(
+    ffn: FeedForward, self_attn: MultiHeadAttention, h: Tensor, call: AttentionCall
+) -> Tensor:
+    """``ffn(h)`` for ``h (B, L, d)``, shown to the layer's self-attention rule
+    (:meth:`AttentionRule.after_feedforward`) before it is returned."""
+    y = ffn(h)
+    self_attn.rule.after_feedforward(y, call)
+    return y
+
+
 class Residual(nn.Module):
     """A sublayer wrapped in dropout, a residual connection and pre- or post-LayerNorm."""
 
@@ -63,7 +73,7 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, call: AttentionCall) -> Tensor:
         x = self.attn_block(x, lambda h: self.self_attn(h, call))
-        return self.ffn_block(x, self.ffn)
+        return self.ffn_block(x, lambda h: feedforward(self.ffn, self.self_attn, h, call))
 
 
 class DecoderLayer(nn.Module):
@@ -98,7 +108,7 @@ class DecoderLayer(nn.Module):
         x = self.cross_block(
             x, lambda h: self.cross_attn(h, cross_call, memory=memory, cache=cross_cache)
         )
-        return self.ffn_block(x, self.ffn)
+        return self.ffn_block(x, lambda h: feedforward(self.ffn, self.self_attn, h, self_call))
 
 
 @dataclass

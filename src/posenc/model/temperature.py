@@ -176,6 +176,9 @@ class TemperedRule(AttentionRule):
     ) -> Tensor:
         return self.inner.weights(q * self.factor(call, q.dtype), k, key_state, call)
 
+    def after_feedforward(self, y: Tensor, call: AttentionCall) -> None:
+        self.inner.after_feedforward(y, call)
+
     def attend_cached(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> tuple[Tensor, Tensor]:

@@ -143,7 +143,9 @@ class AttentionRule(EncodingModule):
       per-key state that is cached with k (FoX's log forget gates);
     * :meth:`bias` to add a ``(B|1, H|1, Lq, Lk)`` term to the logits (ALiBi, T5, KERPLE, FoX);
     * :meth:`forward` to replace the attention computation (Shaw, CoPE, stick-breaking, PaTH);
-    * :meth:`attend_cached` when a new token changes how the cached keys are seen (PaTH).
+    * :meth:`attend_cached` when a new token changes how the cached keys are seen (PaTH);
+    * :meth:`after_feedforward` to read the layer's feed-forward output (TAPE's position
+      states, carried from layer to layer).
 
     Two declarations tell the diagnostic plots (:mod:`posenc.analysis.plot_pe`) what suits the
     rule: :attr:`rotates_qk` and :attr:`masking_bias`.
@@ -209,6 +211,10 @@ class AttentionRule(EncodingModule):
         itself, unless later tokens change how earlier keys are seen (PaTH's Householder
         products transform every cached key)."""
         return self(q, k, v, key_state, call), k
+
+    def after_feedforward(self, y: Tensor, call: AttentionCall) -> None:
+        """See the feed-forward output ``y (B, Lq, d)`` of this rule's layer (before dropout and
+        the residual) for the same new tokens as ``call``; the default ignores it."""
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
