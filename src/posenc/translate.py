@@ -70,6 +70,7 @@ COMMAND = Command(
         "eval.max_sentences",
         "eval.length_buckets",
         "eval.bertscore",
+        "eval.comet",
         "eval.pe_variants",
     ),
 )

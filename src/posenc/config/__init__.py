@@ -324,6 +324,8 @@ class EvalConfig(ConfigGroup):
     # the weights scored: the trained ones (raw; null, so earlier evaluations keep their
     # identity) or their EMA (ema, from a run trained with trainer.ema_decay)
     weights: str | None = setting("str", optional=True, choices=("raw", "ema"), default=None)
+    # COMET's model and batch size (a model null: off, as before the setting existed)
+    comet: dict[str, Any] | None = setting("mapping", optional=True, default=None)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -66,6 +66,14 @@ METRICS: tuple[Metric, ...] = (
             "bertscore_empty_hypotheses": "count",
         },
     ),
+    Metric(
+        "comet",
+        "COMET",
+        -3.0,
+        3.0,
+        scale=100.0,
+        keys={"comet_model": "text", "comet_reason": "text"},
+    ),
 )
 #: the metrics sacreBLEU computes, by name
 SACREBLEU_METRICS = {m.name: m for m in METRICS if m.sacrebleu is not None}

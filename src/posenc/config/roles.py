@@ -67,6 +67,8 @@ ROLES: dict[str, Role] = {
     "eval.enabled": E,
     "eval.bertscore.model": N,
     "eval.bertscore.batch_size": E,
+    "eval.comet.model": N,
+    "eval.comet.batch_size": E,
     "eval.max_sentences": N,
     "logger.csv": R | N,
     "logger.mlflow": R | N,

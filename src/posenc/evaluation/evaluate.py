@@ -32,6 +32,7 @@ from posenc.data.corpus import Corpus
 from posenc.data.splits import eval_splits, load_corpora
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.attention_maps import example_attention, plot_attention
+from posenc.evaluation.comet import Comet
 from posenc.evaluation.decode import DecodeSettings, decode_sources
 from posenc.evaluation.metrics import BertScore, corpus_scores, length_buckets
 from posenc.evaluation.sentence_losses import SentenceLosses, losses_file, write_losses
@@ -75,6 +76,7 @@ def evaluate_split(
     eval_cfg: DictConfig,
     decoding: DecodeSettings,
     bertscore: BertScore,
+    comet: Comet,
     device: torch.device,
     out_dir: Path,
     split: str,
@@ -95,6 +97,7 @@ def evaluate_split(
         "sentences": len(hypotheses),
         **corpus_scores(hypotheses, corpus.tgt),
         **bertscore(hypotheses, corpus.tgt).as_dict(),
+        **comet(corpus.src, hypotheses, corpus.tgt),
         "loss": round(losses.loss, 5),
         "decode_seconds": round(seconds, 3),
         "decode_tokens_per_s": round(generated / max(seconds, 1e-9), 1),
@@ -280,6 +283,10 @@ def _scored(
     bertscore = BertScore(
         cfg.eval.bertscore.model, cfg.eval.bertscore.layer, cfg.eval.bertscore.batch_size
     )
+    comet_cfg = cfg.eval.get("comet") or {}
+    comet = Comet(
+        comet_cfg.get("model"), comet_cfg.get("batch_size"), gpus=int(device.type == "cuda")
+    )
 
     def scores(scored_model: torch.nn.Module, suffix: str = "") -> dict[str, Any]:
         return {
@@ -290,6 +297,7 @@ def _scored(
                 cfg.eval,
                 decoding,
                 bertscore,
+                comet,
                 device,
                 out_dir,
                 split + suffix,

@@ -188,6 +188,16 @@ def signature_lines(w: Writer, systems: dict[str, list[Entry]]) -> None:
         lines.append("- BERTScore: " + "; ".join(models))
     if reasons:
         lines.append("- BERTScore null: " + "; ".join(reasons))
+    comet_models = dict.fromkeys(
+        f"`{s['comet_model']}`" for s in scores if s.get("comet") is not None
+    )
+    comet_reasons = dict.fromkeys(
+        str(s.get("comet_reason")) for s in scores if "comet" in s and s.get("comet") is None
+    )
+    if comet_models:
+        lines.append("- COMET: " + "; ".join(comet_models))
+    if comet_reasons:
+        lines.append("- COMET null: " + "; ".join(comet_reasons))
     w.text(*lines)
 
 
