@@ -3,8 +3,8 @@
 
 Usage: ``python scripts/alignment_probe.py --sweep "1+1 layers=outputs/sweeps/compare" --sweep
 "3+3 layers=outputs/sweeps/scaling" --systems nonepe,sinpe,rope [--split test --pairs 200]
---out docs/study/alignment.md``. A run unfinished or without its ``best.pt`` is left out (and
-counted).
+--out docs/study/alignment.md``. A run whose training finished is probed from its ``best.pt``,
+evaluated or not; one unfinished or without that checkpoint is left out (and counted).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from posenc.analysis.alignment import probe
-from posenc.analysis.report.runs import DONE, group_runs, load_run
+from posenc.analysis.report.runs import group_runs, load_run
 from posenc.api import load_run as load_trained
 from posenc.data.splits import load_corpora
 from posenc.runtime.files import write_text
@@ -62,8 +62,8 @@ def main() -> int:
             if group.label not in systems:
                 continue
             for run in sorted(group.runs, key=lambda r: r.seed):
-                if run.status != DONE or not RunDir(run.path).best.is_file():
-                    missing += 1  # unfinished, or its checkpoints are gone
+                if not run.train or not RunDir(run.path).best.is_file():
+                    missing += 1  # unfinished, or its checkpoints are gone (scores not needed)
                     continue
                 if texts is None:
                     texts = pairs_of(run.path, args.split, args.pairs, (low, high), overrides)

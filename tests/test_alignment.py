@@ -3,9 +3,14 @@ cross-attention walks through the source, per decoder layer and head."""
 
 from __future__ import annotations
 
+import json
+import runpy
+import shutil
+import sys
+
 import numpy as np
 import pytest
-from conftest import SMOKE, compose
+from conftest import ROOT, SMOKE, compose
 from omegaconf import OmegaConf
 
 import posenc
@@ -66,3 +71,34 @@ def test_the_probe_is_each_pairs_own_score_averaged_whatever_the_batch(trained):
     assert result.pairs == 5
     assert result.scores.shape == (layers, loaded.model.decoder.layers[0].cross_attn.n_heads)
     np.testing.assert_allclose(result.scores, np.nanmean(expected, axis=0), atol=1e-5)
+
+
+def test_the_script_probes_every_trained_run_with_a_checkpoint_evaluated_or_not(
+    trained, tmp_path, monkeypatch
+):
+    """A run trained without its evaluation (``eval.enabled=false``) is probed like an
+    evaluated one; a run without its checkpoint is left out and counted."""
+    sweep = tmp_path / "sweep"
+    run(compose(*SMOKE, "pe=sinpe", "seed=1", "eval.enabled=false"), sweep / "pe=sinpe,seed=1")
+    shutil.copytree(trained, sweep / "pe=sinpe,seed=0")
+    shutil.copytree(trained, sweep / "pe=sinpe,seed=2")
+    shutil.rmtree(sweep / "pe=sinpe,seed=2" / "checkpoints")
+    config = sweep / "pe=sinpe,seed=2" / "config.yaml"
+    config.write_text(config.read_text().replace("seed: 0", "seed: 2"))
+    assert not (sweep / "pe=sinpe,seed=1" / "metrics.json").exists()
+    out = tmp_path / "alignment.md"
+    argv = [
+        "alignment_probe.py",
+        f"--sweep=1+1 layers={sweep}",
+        "--systems=sinpe",
+        "--pairs=3",
+        "--words=1,80",
+        f"--out={out}",
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "scripts" / "alignment_probe.py"), run_name="__main__")
+    assert done.value.code == 0
+    found = json.loads(out.with_suffix(".json").read_text())
+    assert [row["seed"] for row in found["sinpe | 1+1 layers"]] == [0, 1]
+    assert "1 runs unfinished or without a checkpoint left out" in out.read_text()
