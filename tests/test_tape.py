@@ -14,7 +14,7 @@ from posenc.model.encodings.base import AttentionCall, Site
 from posenc.model.encodings.tape import PositionStates, TapeEncoding, TapeRule
 
 
-def trained_rule(n_heads=2, head_dim=4, d_model=8, channels=3) -> TapeRule:
+def trained_rule(n_heads=2, d_model=8, channels=3) -> TapeRule:
     torch.manual_seed(0)
     rule = TapeRule(0, d_model, n_heads, channels).double()
     with torch.no_grad():  # trained-looking updates
@@ -128,12 +128,19 @@ def test_shifting_every_position_changes_nothing_even_after_training():
     src = torch.randint(3, 40, (2, 7))
     src[1, 5:] = 0
     tgt = torch.randint(3, 40, (2, 6))
+    built = []
     with torch.no_grad():
         plain = model(src, tgt)
         for stack in (model.encoder, model.decoder):
             original = stack.encoding.context
-            stack.encoding.context = lambda q, k, original=original: original(q + 37, k + 37)
+
+            def shifted_context(q, k, original=original):
+                built.append(original(q + 37, k + 37))
+                return built[-1]
+
+            stack.encoding.context = shifted_context
         shifted = model(src, tgt)
+    assert len(built) == 2  # both stacks started from shifted states
     torch.testing.assert_close(shifted, plain, rtol=1e-9, atol=1e-9)
 
 
@@ -154,13 +161,26 @@ def test_the_states_depend_on_the_tokens_before():
     assert (before - after).abs().max() > 1e-3
 
 
-def test_the_last_layer_has_no_updates_and_one_layer_is_rope():
+def test_the_last_layer_has_no_updates():
     encoding = TapeEncoding(Site.ENCODER, 16, 2, 3)
     rules = [encoding.self_rule(i) for i in range(3)]
     assert [rule.updates for rule in rules] == [True, True, False]
     assert not list(rules[2].parameters())
     encoding.switch_off([2])
     assert not encoding.self_rule(1).updates
+
+
+def test_a_one_layer_stack_is_rope_whatever_its_weights():
+    tape = tiny_model("tape", layers=1, rope_init=False).double().eval()
+    with torch.no_grad():
+        for param in tape.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    rope = tiny_model("rope", layers=1).double().eval()
+    rope.load_state_dict(tape.state_dict())  # no TAPE parameter is left to drop
+    src = torch.randint(3, 40, (2, 7))
+    tgt = torch.randint(3, 40, (2, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(tape(src, tgt), rope(src, tgt), rtol=1e-12, atol=1e-12)
 
 
 def test_bad_settings_are_refused_in_one_line():

@@ -117,13 +117,14 @@ class TapeRule(AttentionRule):
 
     def prepare(
         self, q: Tensor, k: Tensor, x: Tensor, positions: Tensor, context: PositionStates = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """``q, k (B, H, L, D)`` multiplied pairwise by the new tokens' states, and those states
-        ``(B, H, L, D)`` (in the compute dtype) as the cached key state."""
-        b, h, length, d = q.shape
-        state = context.latest(self.layer, 0).to(compute_dtype(q)).expand(b, h, length, d)
-        table = as_complex(state)
-        return rotate(q, table), rotate(k, table), state
+        ``(B, H, L, D)`` (in the compute dtype) as the cached key state, which only a layer
+        with updates reads (None for the others)."""
+        state = context.latest(self.layer, 0).to(compute_dtype(q))
+        table = as_complex(state)  # (B|1, H|1, L, D/2): rotate broadcasts it
+        key_state = state.expand(q.shape) if self.updates else None
+        return rotate(q, table), rotate(k, table), key_state
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
@@ -145,13 +146,11 @@ class TapeRule(AttentionRule):
         if not self.updates:
             return
         states: PositionStates = call.context
-        state = states.latest(self.layer, 1)
+        state = states.states[(self.layer, 1)]  # (B, H, L, D), set by this layer's forward
         dtype = state.dtype
         with torch.autocast(y.device.type, enabled=False):
             gate = F.silu(F.linear(y.to(dtype), self.gate.to(dtype)))  # (B, L, P)
-            up = torch.einsum(
-                "bhld,ph->bpld", state.expand(y.shape[0], -1, -1, -1), self.up.to(dtype)
-            )
+            up = torch.einsum("bhld,ph->bpld", state, self.up.to(dtype))
             down = torch.einsum(
                 "bpld,hp->bhld", up * gate.transpose(1, 2)[..., None], self.down.to(dtype)
             )
