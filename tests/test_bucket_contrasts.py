@@ -91,6 +91,19 @@ def test_holm_corrects_over_the_systems_compared(tmp_path):
     assert all(c.p_holm == adjusted[c.system] for c in contrasts)
 
 
+def test_a_named_family_is_judged_and_corrected_alone(tmp_path):
+    shifts = {"base": [0, 0, 0]} | {f"s{i}": [-0.05, -0.02, -0.04] for i in range(4)}
+    systems = systems_of(tmp_path, shifts)
+    family = bucket_contrasts(systems, "base", (80, 120), 500, family=["s1", "s3"]).contrasts
+    assert sorted(c.system for c in family) == ["s1", "s3"]
+    adjusted = holm({c.system: c.comparison.p for c in family})
+    assert all(c.p_holm == adjusted[c.system] for c in family)
+    everyone = bucket_contrasts(systems, "base", (80, 120), 500).contrasts
+    assert {c.system: c.p_holm for c in everyone}["s1"] > {c.system: c.p_holm for c in family}["s1"]
+    with pytest.raises(ValueError, match="no system 'rope' in the sweep; name systems as"):
+        bucket_contrasts(systems, "base", (80, 120), 500, family=["s1", "rope"])
+
+
 def test_the_sentence_noise_matches_a_slow_reference():
     rng = np.random.default_rng(3)
     system = [rng.normal(60, 10, 30) for _ in range(2)]

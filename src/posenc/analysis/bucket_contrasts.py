@@ -17,8 +17,10 @@ against the baseline, on the bucket's sentences:
   tested; the seeds per system that would find it are given where it is not.
 
 ``python scripts/bucket_contrasts.py SWEEP [--bucket 80-120] [--baseline NAME]
-[--bootstrap 10000] [--eval NAME]`` prints the table; with ``--eval 'eval.pe_variants=*'
---baseline rope`` it compares RoPE's test-time scalings (``rope [pi4]``) with RoPE itself.
+[--systems A,B] [--bootstrap 10000] [--eval NAME]`` prints the table (``--systems``: the
+family judged, Holm over it alone; default every system of the sweep); with
+``--eval 'eval.pe_variants=*' --baseline rope`` it compares RoPE's test-time scalings
+(``rope [pi4]``) with RoPE itself.
 """
 
 from __future__ import annotations
@@ -136,15 +138,25 @@ def bucket_contrasts(
     bucket: tuple[int, int],
     resamples: int = 10_000,
     seed: int = 0,
+    family: Sequence[str] | None = None,
 ) -> BucketComparison:
-    """Every system of ``systems`` against ``baseline`` on ``bucket``, Holm over them.
+    """The systems of ``family`` (default: every system of ``systems`` but the baseline)
+    against ``baseline`` on ``bucket``, Holm over the family.
 
     Raises:
-        ValueError: the baseline is not among the systems, a run lacks its sentence losses,
-            two runs' sentences differ, or the bucket holds no sentence (one line).
+        ValueError: the baseline or a system of the family is not among the systems, a run
+            lacks its sentence losses, two runs' sentences differ, or the bucket holds no
+            sentence (one line).
     """
     if baseline not in systems:
         raise ValueError(f"no system {baseline!r} to compare against; pick one of the sweep's")
+    judged = [s for s in sorted(systems) if s != baseline] if family is None else list(family)
+    unknown = [s for s in judged if s not in systems]
+    if unknown:
+        raise ValueError(
+            f"no system {unknown[0]!r} in the sweep; name systems as the report does, one of: "
+            + ", ".join(sorted(systems))
+        )
     base = {e.run.seed: _losses(e) for e in systems[baseline]}
     first = next(iter(base.values()))
     idx = in_bucket(first, bucket)
@@ -152,8 +164,8 @@ def bucket_contrasts(
         raise ValueError(f"no sentence has a source of {bucket[0]} to {bucket[1] - 1} tokens")
     rng = np.random.default_rng(seed)
     contrasts = [
-        _contrast(system, entries, base, idx, resamples, rng)
-        for system, entries in sorted(systems.items())
+        _contrast(system, systems[system], base, idx, resamples, rng)
+        for system in judged
         if system != baseline
     ]
     tested = {c.system: c.comparison.p for c in contrasts if c.comparison.p is not None}
@@ -267,6 +279,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--baseline", default=None, help="the system compared against (default: reference_pe)"
     )
+    parser.add_argument(
+        "--systems",
+        default=None,
+        help="comma-separated, as reports name them: the family judged (default: every one)",
+    )
     parser.add_argument("--bootstrap", type=int, default=10_000, help="resamples (10,000)")
     parser.add_argument("--seed", type=int, default=0, help="the resampling seed")
     parser.add_argument(
@@ -284,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         baseline = reference_of(runs, args.baseline)
         systems = systems_of(runs, args.split)
         bucket = parse_bucket(args.bucket)
-        comparison = bucket_contrasts(systems, baseline, bucket, args.bootstrap, args.seed)
+        family = None if args.systems is None else [s for s in args.systems.split(",") if s]
+        comparison = bucket_contrasts(systems, baseline, bucket, args.bootstrap, args.seed, family)
         print(contrast_table(comparison))
     except ValueError as err:  # ReportError among them
         raise SystemExit(f"error: {err}") from None
