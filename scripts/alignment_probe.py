@@ -18,6 +18,7 @@ from pathlib import Path
 from posenc.analysis.alignment import probe
 from posenc.analysis.report.runs import group_runs, load_run
 from posenc.api import load_run as load_trained
+from posenc.config.variants import split_labels
 from posenc.data.splits import load_corpora
 from posenc.runtime.files import write_text
 from posenc.runtime.rundir import RunDir, find_run_dirs
@@ -48,7 +49,7 @@ def main() -> int:
     parser.add_argument("--data-dir", help="the data folder, when the runs' own has moved")
     parser.add_argument("--out", type=Path, required=True, help="markdown table (and .json)")
     args = parser.parse_args()
-    systems = [s for s in args.systems.split(",") if s]
+    systems = split_labels(args.systems)
     low, high = (int(x) for x in args.words.split(","))
     found: dict[tuple[str, str], list[dict]] = {}
     missing = 0

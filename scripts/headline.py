@@ -27,6 +27,7 @@ from posenc.analysis.headline import (
 from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.runs import ReportError, group_runs, load_run, split_entries
 from posenc.config import reference_encoding
+from posenc.config.variants import split_labels
 from posenc.runtime.files import write_text
 from posenc.runtime.rundir import find_run_dirs
 
@@ -43,7 +44,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for headline.md, PNGs")
     args = parser.parse_args()
     splits = args.splits.split(",")
-    systems = [s for s in args.systems.split(",") if s]
+    systems = split_labels(args.systems)
     if len(systems) > MAX_SYSTEMS:
         sys.exit(
             f"headline: {len(systems)} systems in --systems; a figure draws at most {MAX_SYSTEMS}: "

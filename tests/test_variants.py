@@ -11,7 +11,7 @@ import pytest
 
 from posenc.analysis.report.benchtime import add_bench_curves, bench_time
 from posenc.analysis.report.runs import Run, group_runs
-from posenc.config.variants import parse_variant, variant_label
+from posenc.config.variants import parse_variant, split_labels, variant_label
 from posenc.model.factory import build_named_model
 
 
@@ -84,3 +84,9 @@ def test_a_variant_has_its_own_benchmark_time_else_its_encodings_marked_so():
     assert (missing, borrowed) == (["rope"], ["alibi (pe.encoder_bias=symmetric)"])
     np.testing.assert_allclose(runs[1].curves["bench"][0], [12.0, 24.0])  # its own step
     np.testing.assert_allclose(runs[2].curves["bench"][0], [10.0, 20.0])  # alibi's
+
+
+def test_a_list_of_labels_splits_only_between_labels():
+    two_settings = variant_label("nonepe", {"pe.temperature": "llama4", "pe.floor": 20})
+    text = f"rope,{two_settings}, alibi (pe.dape=True),"
+    assert split_labels(text) == ["rope", two_settings, "alibi (pe.dape=True)"]

@@ -43,6 +43,7 @@ from posenc.analysis.decision import (
 from posenc.analysis.penalty import done_runs, systems_of
 from posenc.analysis.report.runs import Entry, reference_of
 from posenc.analysis.report.stats import Stats, mean_std
+from posenc.config.variants import split_labels
 from posenc.evaluation.sentence_losses import SentenceLosses, read_losses
 
 LOWER = "lower loss (finding)"
@@ -301,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         baseline = reference_of(runs, args.baseline)
         systems = systems_of(runs, args.split)
         bucket = parse_bucket(args.bucket)
-        family = None if args.systems is None else [s for s in args.systems.split(",") if s]
+        family = None if args.systems is None else split_labels(args.systems)
         comparison = bucket_contrasts(systems, baseline, bucket, args.bootstrap, args.seed, family)
         print(contrast_table(comparison))
     except ValueError as err:  # ReportError among them

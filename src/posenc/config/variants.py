@@ -32,6 +32,22 @@ def variant_label(pe: str, settings: Mapping[str, Any]) -> str:
     return f"{pe} ({settings_text(settings)})" if settings else pe
 
 
+def split_labels(text: str) -> list[str]:
+    """Comma-separated labels as :func:`variant_label` writes them, a comma inside a label's
+    parentheses kept: ``"rope,nonepe (a=1, b=2)"`` -> ``["rope", "nonepe (a=1, b=2)"]``;
+    empty items are dropped."""
+    labels, current, depth = [], [], 0
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            labels.append("".join(current).strip())
+            current = []
+        else:
+            current.append(char)
+    labels.append("".join(current).strip())
+    return [label for label in labels if label]
+
+
 def parse_variant(text: str, config_dir: Path = CONFIG_DIR) -> tuple[str, dict[str, Any]]:
     """An encoding and its options from a sweep's overrides, read as Hydra reads them:
     ``"pe=alibi pe.dape=true"`` (or ``"alibi pe.dape=true"``) -> ``("alibi", {"pe.dape":
