@@ -642,6 +642,17 @@ def test_a_data_setting_older_runs_lack_reads_as_the_value_they_were_made_with()
     ]
 
 
+def test_an_evaluation_setting_that_changes_no_score_never_makes_a_system():
+    """A batch size of a neural metric (added after older runs were made, so they lack it)
+    changes no number the report shows: runs that differ only in it are one system."""
+    runs = [
+        Run("a", Path("a"), {"pe.name": "rope", "seed": 0}, SCORED),
+        Run("b", Path("b"), {"pe.name": "rope", "eval.comet.batch_size": 16, "seed": 1}, SCORED),
+        Run("c", Path("c"), {"pe.name": "rope", "eval.bertscore.batch_size": 8, "seed": 2}, SCORED),
+    ]
+    assert [group.label for group in group_runs(runs)] == ["rope"]
+
+
 def test_names_and_messages_from_the_runs_cannot_inject_markdown_html_or_formulas(sweep, tmp_path):
     """A run folder named to start a heading and carry a script, one named as a spreadsheet
     formula, and a failure message with a tag: the markdown shows them as text, the CSV as

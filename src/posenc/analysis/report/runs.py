@@ -23,6 +23,7 @@ from posenc.config import (
     flatten,
     reference_encoding,
 )
+from posenc.config.identity import EVAL_RUN_CONTROL
 from posenc.config.variants import (
     encoding_config,
     known_encodings,
@@ -380,7 +381,9 @@ def pe_defaults(pe: str, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
 
 
 def _is_variant_key(key: str) -> bool:
-    return key not in RUN_CONTROL_KEYS | UNREPORTED_KEYS and not key.startswith(
+    """Whether ``key`` may set a system apart: not run control, not where a machine keeps its
+    files, not an evaluation setting that changes no score (``eval.comet.batch_size``)."""
+    return key not in RUN_CONTROL_KEYS | UNREPORTED_KEYS | EVAL_RUN_CONTROL and not key.startswith(
         ("pe.", "eval.pe_variants")
     )
 
