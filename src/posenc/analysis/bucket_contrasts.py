@@ -151,7 +151,7 @@ def bucket_contrasts(
     """
     if baseline not in systems:
         raise ValueError(f"no system {baseline!r} to compare against; pick one of the sweep's")
-    judged = [s for s in sorted(systems) if s != baseline] if family is None else list(family)
+    judged = [s for s in (sorted(systems) if family is None else family) if s != baseline]
     unknown = [s for s in judged if s not in systems]
     if unknown:
         raise ValueError(
@@ -164,11 +164,7 @@ def bucket_contrasts(
     if not len(idx):
         raise ValueError(f"no sentence has a source of {bucket[0]} to {bucket[1] - 1} tokens")
     rng = np.random.default_rng(seed)
-    contrasts = [
-        _contrast(system, systems[system], base, idx, resamples, rng)
-        for system in judged
-        if system != baseline
-    ]
+    contrasts = [_contrast(system, systems[system], base, idx, resamples, rng) for system in judged]
     tested = {c.system: c.comparison.p for c in contrasts if c.comparison.p is not None}
     adjusted = holm(tested)
     corrected = [
