@@ -222,7 +222,8 @@ def test_run_sh_smoke_trains_decodes_and_scores_on_the_cpu(tmp_path):
 def test_run_sh_names_its_steps_when_given_another():
     done = subprocess.run(["bash", str(ROOT / "scripts/gpu/run.sh"), "train"], capture_output=True)
     assert (
-        done.returncode == 2 and b"test|bench|seed_report|scaling|depth|study|smoke" in done.stderr
+        done.returncode == 2
+        and b"test|bench|forms|seed_report|scaling|depth|study|smoke" in done.stderr
     )
 
 
@@ -258,3 +259,19 @@ def test_run_sh_bench_times_and_profiles_on_the_cpu(tmp_path):
     bench = json.loads((out / "bench_tiny.json").read_text())
     assert bench["settings"]["device"] == "cpu" and bench["settings"]["precision"] == "fp32"
     assert "aten::" in (out / "profile.md").read_text()
+
+
+@pytest.mark.slow  # compiles the tiny model (about 30 s on two cores)
+def test_run_sh_forms_times_and_profiles_the_step_forms_on_the_cpu(tmp_path):
+    done = run_sh(tmp_path, "forms")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = tmp_path / "out"
+    forms = json.loads((out / "step_forms.json").read_text())
+    assert [row["label"] for row in forms["rows"]] == [
+        "nonepe eager",
+        "nonepe compiled",
+        "rope eager",
+    ]
+    assert forms["rows"][0]["of_reference_eager"] == 1.0 and forms["flops"] > 0
+    report = (out / "step_forms.md").read_text()
+    assert "## Profile: nonepe compiled" in report and "aten::" in report

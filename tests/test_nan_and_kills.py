@@ -125,10 +125,15 @@ def test_gradients_that_are_not_finite_under_a_finite_loss_stop_the_run_before_t
     )
 
 
-def test_nan_policy_skip_skips_a_batch_whose_gradients_are_not_finite(tmp_path, monkeypatch):
+def test_nan_policy_skip_skips_a_batch_whose_gradients_are_not_finite(
+    tmp_path, monkeypatch, caplog
+):
     nan_gradients(monkeypatch, lambda batch: batch == 3)
     skip = ("trainer.nan_policy=skip", "trainer.max_steps=4")
-    run(compose(*OVERRIDES, *skip), tmp_path)
+    with caplog.at_level(logging.WARNING, logger="posenc.training.loop"):
+        run(compose(*OVERRIDES, *skip), tmp_path)
+    said = [r.getMessage() for r in caplog.records if "not finite in" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("step 3: gradients not finite in ")
     summary = json.loads((tmp_path / "train_summary.json").read_text())
     assert summary["steps"] == 4 and summary["skipped_batches"] == 1
     weights = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["model"]

@@ -10,7 +10,7 @@ from conftest import pe_config, tiny_model
 
 from posenc.model.encodings import encoding_factory
 from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
-from posenc.model.encodings.shaw import ShawEncoding, ShawRule, relative_index
+from posenc.model.encodings.shaw import ShawEncoding, ShawRule, distance_table, relative_index
 
 
 def shaw_reference(q, k, v, key_table, value_table, clip, call):
@@ -50,7 +50,7 @@ def make_rule(clip: int, causal: bool, dim: int = 4) -> ShawRule:
 
 def make_call(q_pos, k_pos, clip, causal, padding=None) -> AttentionCall:
     return AttentionCall(
-        q_pos, k_pos, causal, padding, context=relative_index(q_pos, k_pos, clip, causal)
+        q_pos, k_pos, causal, padding, context=distance_table(q_pos, k_pos, clip, causal)
     )
 
 
@@ -65,13 +65,24 @@ def test_table_row_of_every_distance_is_clip_plus_k():
     assert causal_rows == [0] * 6 + [1, 2, 3] + [3] * 8
 
 
+def test_the_distance_table_is_one_hot_at_the_clipped_row():
+    q_pos, k_pos = torch.arange(3, 9), torch.arange(11)
+    for causal in (False, True):
+        table = distance_table(q_pos, k_pos, 2, causal)
+        assert table.shape == (6, 11, 3 if causal else 5)
+        assert torch.equal(table.sum(-1), torch.ones(6, 11))
+        assert torch.equal(table.argmax(-1), relative_index(q_pos, k_pos, 2, causal))
+
+
 def test_default_tables_have_the_papers_size():
     enc = ShawEncoding(Site.ENCODER, 64, 4, 2)
     dec = ShawEncoding(Site.DECODER, 64, 4, 2)
     assert enc.max_relative_position == 16
     assert enc.self_rule(0).key_table.shape == (33, 16)
     assert dec.self_rule(0).value_table.shape == (17, 16)
-    assert enc.context(torch.arange(40), torch.arange(40))[20].tolist()[4:37] == list(range(33))
+    table = enc.context(torch.arange(40), torch.arange(40))
+    assert table.shape == (40, 40, 33)
+    assert table[20].argmax(-1).tolist()[4:37] == list(range(33))
 
 
 def test_each_layer_has_its_own_tables():
@@ -133,7 +144,7 @@ def test_the_position_term_depends_only_on_j_minus_i():
     pos = torch.arange(8)
     q = torch.randn(1, 2, 1, 4).expand(1, 2, 8, 4)
     zeros = torch.zeros(1, 2, 8, 4)
-    relative = rule._scores(q, zeros, relative_index(pos, pos, 3, causal=False))
+    relative = rule._scores(q, zeros, distance_table(pos, pos, 3, causal=False))
     for shift in range(1, 8):
         torch.testing.assert_close(
             relative[..., shift:, shift:], relative[..., : 8 - shift, : 8 - shift]

@@ -14,6 +14,10 @@
 #   bench        scripts/bench.py at model=base (L=128, 16,384 tokens a batch: its model-FLOP
 #                utilisation), scripts/profile_step.py of nonepe, rpe and rope there, then
 #                scripts/bench.py at model=small (L=64 and 128); JSON and markdown to $OUT
+#   forms        scripts/gpu/step_forms.py at model=base (L=128, 16,384 tokens): the training step
+#                eager, with bf16 weights, compiled and compiled into CUDA graphs, timed
+#                interleaved and profiled; nonepe, rpe and rope eager beside them; JSON and
+#                markdown to $OUT
 #   seed_report  train.py -m experiment=seed_report, pe=SEED_REPORT_PES (scripts/study_sets.sh),
 #                all at once (joblib), then scripts/report.py; the sweep without checkpoints as
 #                seed_report.tar.gz and its report as seed_report.md
@@ -42,9 +46,9 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
 STEP="${1:-}"
 case "$STEP" in
-  test | bench | seed_report | scaling | depth | study | smoke) shift ;;
+  test | bench | forms | seed_report | scaling | depth | study | smoke) shift ;;
   *)
-    echo "usage: bash scripts/gpu/run.sh test|bench|seed_report|scaling|depth|study|smoke" \
+    echo "usage: bash scripts/gpu/run.sh test|bench|forms|seed_report|scaling|depth|study|smoke" \
       "[ARGS...]" >&2
     exit 2
     ;;
@@ -277,6 +281,16 @@ case "$STEP" in
     step "$PYTHON" scripts/profile_step.py --device "$DEVICE" "${profile[@]}" \
       --out "$OUT/profile.md" || echo "the profile ended with status $?" | tee -a "$LOG"
     [ ${#small[@]} = 0 ] || bench "${small[@]}" "$@"
+    ;;
+  forms)  # the forms of one training step, then their profiles, in one process
+    if [ $GPU = 1 ]; then
+      forms=(--model base --tokens 16384 --length 128)
+    else
+      forms=(--model tiny --tokens 256 --length 16 --pe nonepe,rope --forms eager,compiled
+        --warmup 1 --rounds 2 --steps 1)
+    fi
+    step "$PYTHON" scripts/gpu/step_forms.py --device "$DEVICE" "${forms[@]}" "$@" --out "$OUT" ||
+      echo "the forms ended with status $?" | tee -a "$LOG"
     ;;
   seed_report) seed_report "$@" ;;
   scaling) scaling "$@" ;;

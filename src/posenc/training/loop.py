@@ -189,6 +189,7 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), trainer.clip_norm or math.inf)
     )
     if not math.isfinite(grad_norm):
+        log.warning("step %d: %s", state.step + 1, nonfinite_gradients(run.model))
         skip_or_stop(run, grad_norm, "the gradient norm")
         return False
     run.steps.skipped_in_a_row = 0
@@ -210,6 +211,25 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
         _report(run, grad_norm)
     run.progress.update(1)
     return True
+
+
+def nonfinite_gradients(model: torch.nn.Module) -> str:
+    """Which of ``model``'s parameters hold gradients that are not all finite, as one line: their
+    count and the first and last of them in the model's order (a NaN born in one layer's
+    backward reaches every parameter before that layer, none after it, so the last names where
+    it began)."""
+    names = [
+        name
+        for name, parameter in model.named_parameters()
+        if parameter.grad is not None and not bool(parameter.grad.isfinite().all())
+    ]
+    total = sum(1 for parameter in model.parameters() if parameter.grad is not None)
+    if not names:
+        return f"every gradient of the {total} parameter tensors is finite"
+    return (
+        f"gradients not finite in {len(names)} of {total} parameter tensors, from {names[0]} "
+        f"to {names[-1]}"
+    )
 
 
 def skip_or_stop(run: Training, value: float, what: str) -> None:

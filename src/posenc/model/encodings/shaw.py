@@ -12,14 +12,18 @@ Where it applies: encoder self-attention (distances ``-k..k``, the paper's form)
 self-attention (causal: only ``j <= i`` is ever attended, so its tables hold the ``k + 1``
 distances ``-k..0``); not cross-attention, whose source and target positions share no axis.
 
-Nothing of shape ``(Lq, Lk, D)`` is built: ``q @ a^K^T`` gives the ``2k + 1`` distinct key
-terms per query, which are gathered into the logits by the ``(Lq, Lk)`` index table; the
-attention weights are summed into their distance buckets (scatter_add) and the
-``(B, H, Lq, 2k + 1)`` bucket masses multiply ``a^V``. One-hot matmuls in place of the gather
-and the scatter_add were at most ~20% faster for those two steps on CPU at L=128, but need an
-``(Lq, Lk, 2k + 1)`` table. The index table depends only on positions, so the stack builds it
-once per forward from ``q_pos``/``k_pos`` (which also serves cached decoding, where the single
-query sits at the newest position).
+Nothing of shape ``(Lq, Lk, D)`` is built, and nothing is scattered: both relative terms are
+products over the ``R`` distinct distances (``R = 2k + 1``, or ``k + 1`` causal) with the
+one-hot distance table ``P (Lq, Lk, R)``, ``P[i, j, r] = 1`` where key ``j`` lies at row ``r``
+from query ``i``. The key term is ``(q a^K^T) P^T`` per query (``q @ a^K^T`` gives the ``R``
+distinct terms, the product spreads them over the keys), the value term ``(w P) a^V`` (the
+product sums the attention weights ``w`` into their distance buckets). A gather and a
+scatter_add over an index table compute the same, but their backward passes add many weights
+into few buckets with atomics: on an H100 that scatter took 16.3 ms of rpe's 80 ms
+``model=base`` step (METHODS.md, section 9). ``P`` depends only on positions, so the stack
+builds it once per forward from ``q_pos``/``k_pos`` (which also serves cached decoding, where
+the single query sits at the newest position); it holds ``Lq * Lk * R`` numbers (2.2 MB in
+float32 at ``Lq = Lk = 128``, ``k = 16``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from posenc.model.encodings.base import (
     AttentionRule,
     Site,
     StackEncoding,
-    compute_dtype,
     masked_softmax,
 )
 
@@ -52,6 +55,15 @@ def relative_index(q_pos: Tensor, k_pos: Tensor, max_distance: int, causal: bool
     return distance.clamp(-max_distance, 0 if causal else max_distance) + max_distance
 
 
+def distance_table(q_pos: Tensor, k_pos: Tensor, max_distance: int, causal: bool) -> Tensor:
+    """The one-hot distance table ``P (Lq, Lk, R)`` float32: ``P[i, j, r] = 1`` where
+    :func:`relative_index` puts key ``j`` at row ``r`` from query ``i``, ``R = k + 1`` causal,
+    ``2k + 1`` otherwise."""
+    rows = max_distance + 1 if causal else 2 * max_distance + 1
+    index = relative_index(q_pos, k_pos, max_distance, causal)
+    return F.one_hot(index, rows).to(torch.float32)
+
+
 class ShawRule(AttentionRule):
     """One layer's self-attention with key and value relative embeddings.
 
@@ -59,7 +71,7 @@ class ShawRule(AttentionRule):
         head_dim: ``D``, the width of each table row.
         n_distances: rows per table: ``2k + 1`` (bidirectional) or ``k + 1`` (causal).
 
-    ``call.context`` must be the ``(Lq, Lk)`` index table of :func:`relative_index`.
+    ``call.context`` must be the ``(Lq, Lk, R)`` one-hot table of :func:`distance_table`.
     """
 
     def __init__(self, head_dim: int, n_distances: int) -> None:
@@ -74,12 +86,11 @@ class ShawRule(AttentionRule):
         nn.init.xavier_uniform_(self.key_table)
         nn.init.xavier_uniform_(self.value_table)
 
-    def _scores(self, q: Tensor, k: Tensor, index: Tensor) -> Tensor:
-        """Logits ``(B, H, Lq, Lk)``: ``(q k^T + gather(q a^K^T)) / sqrt(D)``."""
+    def _scores(self, q: Tensor, k: Tensor, table: Tensor) -> Tensor:
+        """Logits ``(B, H, Lq, Lk)``: ``(q k^T + (q a^K^T) P^T) / sqrt(D)``."""
         q = q * (1.0 / math.sqrt(q.shape[-1]))
         per_distance = q @ self.key_table.to(q.dtype).T  # (B, H, Lq, R)
-        b, h, lq, _ = q.shape
-        relative = per_distance.gather(-1, index.expand(b, h, lq, index.shape[-1]))
+        relative = torch.einsum("bhir,ijr->bhij", per_distance, table.to(q.dtype))
         return q @ k.transpose(-1, -2) + relative
 
     def weights(
@@ -90,16 +101,12 @@ class ShawRule(AttentionRule):
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
-        index = call.context
         weights = self.weights(q, k, key_state, call)
         if call.dropout_p > 0:
             weights = F.dropout(weights, p=call.dropout_p)
-        # Bucket masses (B, H, Lq, R), summed in at least float32 (a far bucket collects up to
-        # Lk weights).
-        dtype = compute_dtype(weights)
-        mass = weights.new_zeros(*weights.shape[:-1], self.value_table.shape[0], dtype=dtype)
-        mass = mass.scatter_add(-1, index.expand_as(weights), weights.to(dtype))
-        return weights @ v + (mass @ self.value_table.to(dtype)).to(weights.dtype)
+        # bucket masses (B, H, Lq, R): the weights summed per distance
+        mass = torch.einsum("bhij,ijr->bhir", weights, call.context.to(weights.dtype))
+        return weights @ v + mass @ self.value_table.to(weights.dtype)
 
 
 class ShawEncoding(StackEncoding):
@@ -128,8 +135,8 @@ class ShawEncoding(StackEncoding):
         self.max_relative_position = max_relative_position
 
     def context(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """The ``(Lq, Lk)`` table-row index shared by every layer."""
-        return relative_index(q_pos, k_pos, self.max_relative_position, self.causal)
+        """The ``(Lq, Lk, R)`` one-hot distance table shared by every layer."""
+        return distance_table(q_pos, k_pos, self.max_relative_position, self.causal)
 
     def self_rule(self, layer: int) -> ShawRule:
         k = self.max_relative_position
