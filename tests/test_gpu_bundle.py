@@ -272,6 +272,6 @@ def test_run_sh_forms_times_and_profiles_the_step_forms_on_the_cpu(tmp_path):
         "nonepe compiled",
         "rope eager",
     ]
-    assert forms["rows"][0]["of_reference_eager"] == 1.0 and forms["flops"] > 0
+    assert forms["rows"][0]["of_first"] == 1.0 and forms["flops"] > 0
     report = (out / "step_forms.md").read_text()
     assert "## Profile: nonepe compiled" in report and "aten::" in report

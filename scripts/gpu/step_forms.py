@@ -3,9 +3,9 @@ each: where ``model=base``'s step can go faster on a GPU.
 
 Usage: ``python scripts/gpu/step_forms.py [--device cuda] [--model base] [--tokens 16384]
 [--length 128] [--pe nonepe,rpe,rope] [--forms eager,bf16_weights,compiled,compiled_graphs]
-[--out DIR]``. Every form trains the reference encoding's model (same seed, same batch) as
-:mod:`posenc.analysis.bench.runner` does; the other encodings of ``--pe`` are timed eager, as
-ratios to it. The forms:
+[--others-form eager] [--out DIR]``. Every form trains the reference encoding's model (same
+seed, same batch) as :mod:`posenc.analysis.bench.runner` does; the other encodings of ``--pe``
+are timed in ``--others-form``; each median is a ratio to the first form's. The forms:
 
 - ``eager``: the benchmark's step (bf16 autocast on a GPU, fp32 weights);
 - ``bf16_weights``: the weights themselves in bf16, no autocast: an upper bound on what
@@ -13,7 +13,9 @@ ratios to it. The forms:
   loop's: a probe, not a training setting);
 - ``compiled``: ``torch.compile(model)``, as ``trainer.compile=true``;
 - ``compiled_graphs``: ``torch.compile(model, mode="reduce-overhead")``, the compiled forward
-  and backward replayed as CUDA graphs (GPU only).
+  and backward replayed as CUDA graphs (GPU only);
+- ``compiled_loss_graphs``: the model and the loss compiled as one graph
+  (:func:`~posenc.training.losses.summed_losses`), replayed as CUDA graphs (GPU only).
 
 Writes ``step_forms.json`` (medians, FLOP/s against the bf16 matrix rate measured in the same
 run) and ``step_forms.md`` (the table and each form's profile) to ``--out``.
@@ -34,8 +36,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from posenc.analysis.bench.measure import counted_flops, machine_info, matmul_ceiling, timed
 from posenc.analysis.bench.runner import BenchSettings, Workload, build_workload, training_batch
+from posenc.training.losses import summed_losses
 
-FORMS = ("eager", "bf16_weights", "compiled", "compiled_graphs")
+FORMS = ("eager", "bf16_weights", "compiled", "compiled_graphs", "compiled_loss_graphs")
+GPU_ONLY = ("compiled_graphs", "compiled_loss_graphs")
 
 
 def build_form(form: str, name: str, settings: BenchSettings) -> Workload:
@@ -48,6 +52,8 @@ def build_form(form: str, name: str, settings: BenchSettings) -> Workload:
         work.forward = torch.compile(work.model)
     elif form == "compiled_graphs":
         work.forward = torch.compile(work.model, mode="reduce-overhead")
+    elif form == "compiled_loss_graphs":
+        work.losses = torch.compile(summed_losses, mode="reduce-overhead")
     elif form != "eager":
         raise ValueError(f"unknown form {form!r}; choose from {', '.join(FORMS)}")
     return work
@@ -72,7 +78,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--pe", default="nonepe,rpe,rope")
-    parser.add_argument("--forms", default=",".join(FORMS))
+    parser.add_argument("--forms", default=",".join(FORMS[:4]))
+    parser.add_argument("--others-form", default="eager", choices=FORMS)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="steps timed together per round")
@@ -83,7 +90,8 @@ def main() -> int:
         encodings=names, tokens=args.tokens, model=args.model, device=args.device
     )
     on_gpu = settings.torch_device.type == "cuda"
-    forms = [f for f in args.forms.split(",") if on_gpu or f != "compiled_graphs"]
+    forms = [f for f in args.forms.split(",") if on_gpu or f not in GPU_ONLY]
+    others_form = args.others_form if on_gpu or args.others_form not in GPU_ONLY else "eager"
     batch = training_batch(max(1, args.tokens // args.length), args.length, settings)
     dtype = torch.bfloat16 if on_gpu else torch.float32
     size = 8192 if on_gpu else 1024
@@ -96,7 +104,7 @@ def main() -> int:
         units[f"{reference} {form}"] = build_form(form, reference, settings)
     for name in names:
         if name != reference:
-            units[f"{name} eager"] = build_form("eager", name, settings)
+            units[f"{name} {others_form}"] = build_form(others_form, name, settings)
     for label, work in units.items():
         start = time.perf_counter()
         for _ in range(args.warmup):
@@ -116,7 +124,8 @@ def main() -> int:
     ceiling.append(matmul_ceiling(size, device=settings.torch_device, dtype=dtype))
     flops = counted_flops(lambda: build_form("eager", reference, settings).train_step(batch))
     rate = max(ceiling)
-    base_s = statistics.median(samples[f"{reference} eager"])
+    first = f"{reference} {forms[0]}"
+    base_s = statistics.median(samples[first])
     rows = []
     for label in labels:
         median = statistics.median(samples[label])
@@ -126,7 +135,7 @@ def main() -> int:
             "median_s": median,
             "samples_s": samples[label],
             "warmup_s": compile_s[label],
-            "of_reference_eager": median / base_s,
+            "of_first": median / base_s,
         }
         if name == reference:
             row["flop_s"] = flops / median
@@ -144,13 +153,13 @@ def main() -> int:
         f"(FlopCounterMode, eager); medians of {args.rounds} interleaved rounds of "
         f"{args.steps} steps",
         "",
-        "form | step ms | of eager | of the matrix rate | warm-up s",
+        f"form | step ms | of {first} | of the matrix rate | warm-up s",
         "--- | --- | --- | --- | ---",
     ]
     for row in rows:
         share = f"{row['of_matmul_rate']:.1%}" if "of_matmul_rate" in row else "-"
         lines.append(
-            f"{row['label']} | {1000 * row['median_s']:.1f} | {row['of_reference_eager']:.2f}x"
+            f"{row['label']} | {1000 * row['median_s']:.1f} | {row['of_first']:.2f}x"
             f" | {share} | {row['warmup_s']:.0f}"
         )
     table = "\n".join(lines)
@@ -168,8 +177,6 @@ def main() -> int:
     parts = [table]
     (args.out / "step_forms.md").write_text("\n".join(parts) + "\n")
     for label in labels:
-        if not label.startswith(reference):
-            continue
         work = units[label]
         parts.append(
             f"\n## Profile: {label}\n\n```\n"

@@ -47,20 +47,27 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         return grad.mul_((real * grad_loss)[:, None]), None, None, None
 
 
-def token_loss(
+def summed_losses(
     model: Seq2Seq, batch: tuple[torch.Tensor, ...], pad_id: int, smoothing: float
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Summed label-smoothed loss, summed NLL and the number of target tokens of a batch
-    ``(src (B, S), tgt_in (B, T), tgt_out (B, T))``, both from one pass over the logits
-    (:class:`SmoothedCrossEntropy`; tested equal to ``F.cross_entropy``, values and gradients)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed label-smoothed loss and summed NLL of a batch ``(src (B, S), tgt_in (B, T),
+    tgt_out (B, T))``, both from one pass over the logits (:class:`SmoothedCrossEntropy`;
+    tested equal to ``F.cross_entropy``, values and gradients). Nothing is read back to the
+    host, so ``torch.compile`` can take the model and the loss as one graph."""
     src, tgt_in, tgt_out = batch
     logits = model(src, tgt_in).float()
     gold = tgt_out.reshape(-1)
-    real = gold.ne(pad_id)
-    loss, nll = SmoothedCrossEntropy.apply(
-        logits.view(-1, logits.shape[-1]), gold.clamp(min=0), real, smoothing
+    return SmoothedCrossEntropy.apply(
+        logits.view(-1, logits.shape[-1]), gold.clamp(min=0), gold.ne(pad_id), smoothing
     )
-    return loss, nll, int(real.sum())
+
+
+def token_loss(
+    model: Seq2Seq, batch: tuple[torch.Tensor, ...], pad_id: int, smoothing: float
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """:func:`summed_losses` and the number of target tokens of the batch."""
+    loss, nll = summed_losses(model, batch, pad_id, smoothing)
+    return loss, nll, int(batch[2].ne(pad_id).sum())
 
 
 @torch.no_grad()

@@ -36,7 +36,7 @@ from posenc.model.encodings import encoding_class
 from posenc.model.factory import PAD_ID, build_named_model
 from posenc.model.seq2seq import Seq2Seq, count_parameters
 from posenc.runtime.device import autocast_dtype, keep_freed_memory, resolve_device
-from posenc.training.losses import token_loss
+from posenc.training.losses import summed_losses
 from posenc.training.optim import make_optimizer
 
 log = logging.getLogger("posenc.analysis.bench")
@@ -121,9 +121,13 @@ class Trainer:
 
     forward: nn.Module = field(init=False)
     """what the step calls: the model, or its compiled form"""
+    losses: Callable[..., tuple[torch.Tensor, torch.Tensor]] = field(init=False)
+    """the summed loss and NLL of ``(forward, batch, pad_id, smoothing)``:
+    :func:`~posenc.training.losses.summed_losses`, or a compiled form of it"""
 
     def __post_init__(self) -> None:
         self.forward = torch.compile(self.model) if self.compiled else self.model
+        self.losses = summed_losses
 
     @classmethod
     def default(cls, model: nn.Module, *args: Any) -> Self:
@@ -139,8 +143,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         device_type = batch[0].device.type
         with torch.autocast(device_type, dtype=self.amp or torch.float32, enabled=bool(self.amp)):
-            loss, _, n_tokens = token_loss(self.forward, batch, PAD_ID, self.smoothing)
-        (loss / n_tokens).backward()
+            loss, _ = self.losses(self.forward, batch, PAD_ID, self.smoothing)
+        (loss / batch[2].ne(PAD_ID).sum()).backward()
         if self.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
         self.optimizer.step()
