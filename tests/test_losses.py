@@ -12,7 +12,12 @@ import torch
 from conftest import tiny_model
 
 from posenc.data.batching import collate
-from posenc.training.losses import sentence_losses, token_loss, validation_loss
+from posenc.training.losses import (
+    SmoothedCrossEntropy,
+    sentence_losses,
+    token_loss,
+    validation_loss,
+)
 
 SPECIALS = SimpleNamespace(pad_id=0, bos_id=1, eos_id=2)
 
@@ -62,3 +67,17 @@ def test_the_training_loss_is_pytorchs_label_smoothed_cross_entropy(smoothing):
         grads, torch.autograd.grad(expected, list(model.parameters())), strict=True
     ):
         assert torch.allclose(got, want, atol=1e-6, rtol=1e-4)
+
+
+def test_rows_left_out_get_a_zero_gradient_even_when_their_logits_are_not_finite():
+    """Padding positions are not scored, so nothing computed there may reach the weights: a
+    NaN or infinite logit on a padding row leaves the loss and every gradient finite."""
+    logits = torch.randn(4, 7)
+    logits[2], logits[3, 4] = float("nan"), float("inf")
+    logits.requires_grad_()
+    gold = torch.tensor([1, 2, 0, 0])
+    real = torch.tensor([True, True, False, False])
+    loss, nll = SmoothedCrossEntropy.apply(logits, gold, real, 0.1)
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert loss.isfinite() and nll.isfinite()
+    assert grad.isfinite().all() and not grad[2:].any() and grad[:2].abs().sum() > 0

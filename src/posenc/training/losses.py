@@ -21,7 +21,7 @@ class SmoothedCrossEntropy(torch.autograd.Function):
     Per row, with ``lse = logsumexp(logits)``: NLL ``= lse - logits[gold]`` and the smoothed loss
     ``= (1 - eps) NLL + eps (lse - mean(logits))`` (``F.cross_entropy(...,
     label_smoothing=eps)``'s definition). Its gradient ``softmax(logits) - ((1 - eps) onehot +
-    eps / V)`` is written in one pass over the vocabulary, where autograd would chain the
+    eps / V)`` (zero on the rows left out) is written in one pass over the vocabulary, where autograd would chain the
     log-softmax's, the gather's and the mean's backward passes and keep the log-probabilities."""
 
     @staticmethod
@@ -44,7 +44,9 @@ class SmoothedCrossEntropy(torch.autograd.Function):
         if eps:
             grad.sub_(eps / logits.shape[-1])
         grad.scatter_add_(1, gold[:, None], torch.full_like(lse[:, None], eps - 1))
-        return grad.mul_((real * grad_loss)[:, None]), None, None, None
+        # a left-out row's gradient is zero whatever its logits: selected, not multiplied by 0
+        # (a padding row whose logits are not finite would give NaN * 0 = NaN)
+        return torch.where(real[:, None], grad.mul_(grad_loss), 0.0), None, None, None
 
 
 def summed_losses(
