@@ -140,6 +140,37 @@ def test_nan_policy_skip_skips_a_batch_whose_gradients_are_not_finite(
     assert all(tensor.isfinite().all() for tensor in weights.values())
 
 
+def test_the_warning_names_only_the_parameters_whose_gradients_are_not_finite(
+    tmp_path, monkeypatch, caplog
+):
+    """Read before clipping, which would scale every gradient by the NaN norm: a NaN born in
+    one parameter's gradient is named there alone."""
+    real_loss = train_module.token_loss
+    batches = iter(range(1, 61))
+
+    def loss(model, *args, **kwargs):
+        value, nll, n = real_loss(model, *args, **kwargs)
+        if torch.is_grad_enabled() and next(batches) == 3:
+            name, parameter = next(iter(model.named_parameters()))
+            handle = None
+
+            def poison(grad):
+                handle.remove()
+                return grad * NAN
+
+            handle = parameter.register_hook(poison)
+            poisoned.append(name)
+        return value, nll, n
+
+    poisoned: list[str] = []
+    monkeypatch.setattr(train_module, "token_loss", loss)
+    with caplog.at_level(logging.WARNING, logger="posenc.training.loop"):
+        run(compose(*OVERRIDES, "trainer.nan_policy=skip", "trainer.max_steps=4"), tmp_path)
+    said = [r.getMessage() for r in caplog.records if "not finite in" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("step 3: gradients not finite in 1 of "), said
+    assert said[0].endswith(f"from {poisoned[0]} to {poisoned[0]}")
+
+
 def test_resuming_with_a_lower_trainer_lr_trains_with_it(tmp_path):
     """The way out of a NaN that the messages name: a lowered ``trainer.lr`` on resume is the
     peak rate from then on, not the one the checkpoint was saved with."""

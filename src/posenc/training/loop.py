@@ -183,15 +183,18 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
     if not math.isfinite(step_loss):
         skip_or_stop(run, step_loss, "loss")
         return False
-    # the norm before clipping (inf clips nothing); a finite loss can still give gradients that
-    # are not (a kernel's backward), and one such step would write NaN into every weight
-    grad_norm = float(
-        torch.nn.utils.clip_grad_norm_(run.model.parameters(), trainer.clip_norm or math.inf)
-    )
+    # the norm before clipping; a finite loss can still give gradients that are not (a kernel's
+    # backward), and one such step would write NaN into every weight. Read before clipping,
+    # which would scale every gradient by a NaN norm
+    trained = [p for p in run.model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in trained])
+    grad_norm = float(norm)
     if not math.isfinite(grad_norm):
         log.warning("step %d: %s", state.step + 1, nonfinite_gradients(run.model))
         skip_or_stop(run, grad_norm, "the gradient norm")
         return False
+    if trainer.clip_norm:
+        torch.nn.utils.clip_grads_with_norm_(trained, trainer.clip_norm, norm)
     run.steps.skipped_in_a_row = 0
     reporting = (state.step + 1) % trainer.log_every == 0
     run.optimizer.step()

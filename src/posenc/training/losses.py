@@ -21,8 +21,9 @@ class SmoothedCrossEntropy(torch.autograd.Function):
     Per row, with ``lse = logsumexp(logits)``: NLL ``= lse - logits[gold]`` and the smoothed loss
     ``= (1 - eps) NLL + eps (lse - mean(logits))`` (``F.cross_entropy(...,
     label_smoothing=eps)``'s definition). Its gradient ``softmax(logits) - ((1 - eps) onehot +
-    eps / V)`` (zero on the rows left out) is written in one pass over the vocabulary, where autograd would chain the
-    log-softmax's, the gather's and the mean's backward passes and keep the log-probabilities."""
+    eps / V)`` (zero on the rows left out) is written in one pass over the vocabulary, where
+    autograd would chain the log-softmax's, the gather's and the mean's backward passes and keep
+    the log-probabilities."""
 
     @staticmethod
     def forward(
