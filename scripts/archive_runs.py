@@ -7,7 +7,10 @@ resumes.
 
 ``save`` keeps, for every run trained and evaluated to its last step, the files a report reads
 (:data:`ARCHIVED`: settings, scores, training summary, hypotheses, sentence losses,
-``scalars.csv`` of the curves, standalone evaluations under ``evals/``), never checkpoints or
+``scalars.csv`` of the curves, standalone evaluations under ``evals/``; with ``--trained`` also
+every run trained to its last step whose evaluation never finished, its settings, training
+summary and curves alone, which the report shows as "trained, not evaluated"), never
+checkpoints or
 TensorBoard events, with paths inside the checkout the runs were made in written relative to it
 and the home directory ``~`` (:mod:`posenc.analysis.portable`); a continued run replaces its
 archived files, and a file the run lacks is never deleted from the archive (a ``scalars.csv``
@@ -66,6 +69,9 @@ ARCHIVED = (
     "losses.*.tsv",
     "scalars.csv",
 )
+#: the files of a run trained but not evaluated (``save --trained``): its training alone, no
+#: half-written evaluation
+TRAINED = ("config.yaml", "train_summary.json", "scalars.csv")
 #: the files kept once per archive by content (see the module docstring)
 SHARED = ("references.*.txt",)
 REFERENCES = "references"  # the archive's folder of shared files
@@ -173,17 +179,18 @@ def write(archive: Path, files: Files) -> None:
 
 
 def run_files(run: Path, roots: tuple[Path, ...]) -> Files:
-    """The members that archive ``run``: its files of :data:`ARCHIVED` made portable
-    (``roots``: the checkouts whose paths are made relative), its shared files by digest and
-    their map (as ``RUN/references.json``)."""
+    """The members that archive ``run``: its files of :data:`ARCHIVED` (:data:`TRAINED` for a
+    run not evaluated) made portable (``roots``: the checkouts whose paths are made relative),
+    its shared files by digest and their map (as ``RUN/references.json``)."""
+    evaluated = is_finished(run)
     files = {
         f"{run.name}/{relative.as_posix()}": portable(
             read_bytes(run / relative, MAX_FILE_BYTES), roots
         )
-        for relative in archived_files(run)
+        for relative in archived_files(run, ARCHIVED if evaluated else TRAINED)
     }
     mapping = {}
-    for relative in archived_files(run, SHARED):
+    for relative in archived_files(run, SHARED) if evaluated else []:
         data = read_bytes(run / relative, MAX_FILE_BYTES)
         digest = hashlib.sha256(data).hexdigest()[:16]
         files[f"{REFERENCES}/{digest}.txt"] = data
@@ -205,11 +212,11 @@ def merged(files: Files, run: Files, name: str) -> Files:
     return files | run
 
 
-def is_finished(run: Path) -> bool:
-    """Whether ``run`` holds its evaluation and training summary (a finished run)."""
-    return all(
-        (run / name).is_file() for name in ("config.yaml", "metrics.json", "train_summary.json")
-    )
+def is_finished(run: Path, trained: bool = False) -> bool:
+    """Whether ``run`` holds its evaluation and training summary (a finished run), or with
+    ``trained`` its training summary alone (trained to its last step)."""
+    needed = ("config.yaml", "train_summary.json") + (() if trained else ("metrics.json",))
+    return all((run / name).is_file() for name in needed)
 
 
 def run_dirs(sweep: Path) -> list[Path]:
@@ -241,15 +248,16 @@ def checked_load(archive: Path) -> tuple[Files, dict[str, str]]:
         sys.exit(f"archive_runs: {err}")
 
 
-def save(sweep: Path, archive: Path) -> None:
-    """Archive every finished run of ``sweep`` in ``archive`` (rewritten only if it changed)."""
+def save(sweep: Path, archive: Path, trained: bool = False) -> None:
+    """Archive every finished run of ``sweep`` (with ``trained``: every trained one, evaluated
+    or not) in ``archive`` (rewritten only if it changed)."""
     files, refused = checked_load(archive)
     if refused:
         run, problem = next(iter(refused.items()))
         sys.exit(f"archive_runs: {archive}: run {run}: {problem}; restore it from version control")
     before = dict(files)
     for run in run_dirs(sweep):
-        if not is_finished(run):
+        if not is_finished(run, trained):
             continue
         try:
             updated = merged(files, run_files(run, (checkout_of(sweep),)), run.name)
@@ -320,12 +328,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("action", choices=("save", "restore"))
     parser.add_argument("source", type=Path, help="the sweep (save) or the archive (restore)")
     parser.add_argument("target", type=Path, help="the archive (save) or the sweep (restore)")
+    parser.add_argument(
+        "--trained",
+        action="store_true",
+        help="save: also the runs trained to their last step but not evaluated",
+    )
     args = parser.parse_args(argv)
     archive = args.target if args.action == "save" else args.source
     if not archive.name.endswith(SUFFIX):
         parser.error(f"{archive} is no archive: name one file per sweep, SWEEP{SUFFIX}")
+    if args.trained and args.action != "save":
+        parser.error("--trained goes with save")
     if args.action == "save":
-        save(args.source, args.target)
+        save(args.source, args.target, args.trained)
     else:
         restore(args.source, args.target)
 

@@ -625,6 +625,26 @@ def test_a_run_not_yet_scored_by_the_named_evaluation_stays_in_its_encodings_gro
     assert labels == ["rope (eval.beam_size=5)", "rope (eval.beam_size=1)"]
 
 
+def test_a_budget_that_ended_no_runs_training_sets_no_runs_apart():
+    """Two GPU calls gave their runs different time limits, and every run stopped at its
+    1,000 steps before either: the runs trained alike and are one system. A time limit that
+    did end a run keeps it apart, as does a step limit that ended one."""
+    budget = {"pe.name": "rope", "trainer.max_steps": 1000}
+    runs = [
+        Run("a", Path("a"), {**budget, "trainer.max_time": 250, "seed": 1}, SCORED),
+        Run("b", Path("b"), {**budget, "trainer.max_time": 300, "seed": 2}, SCORED),
+    ]
+    for each in runs:
+        each.train = {"steps": 1000, "train_seconds": 228.5, "stopped_early": False}
+    assert [group.label for group in group_runs(runs)] == ["rope"]
+    runs[0].train = {"steps": 930, "train_seconds": 250.1, "stopped_early": False}
+    assert len(group_runs(runs)) == 2  # the 250 s limit ended seed 1 at step 930
+    runs[0].train = {"steps": 1000, "train_seconds": 228.5, "stopped_early": False}
+    runs[1].config["trainer.max_steps"] = 4000  # seed 2 stopped on its time at step 1,000
+    runs[1].train = {"steps": 1000, "train_seconds": 300.2, "stopped_early": False}
+    assert len(group_runs(runs)) == 2
+
+
 def test_a_data_setting_older_runs_lack_reads_as_the_value_they_were_made_with():
     """Runs made before ``data.holdout_drops`` existed dropped shared sources only: a newer run
     that asks for that rule explicitly joins their group; one with the newer rule does not."""

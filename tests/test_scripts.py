@@ -252,6 +252,31 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
     assert not (restored / "done" / "references.json").exists()
 
 
+def test_runs_trained_but_not_evaluated_are_archived_only_when_asked(tmp_path):
+    """A GPU call whose time ran out after training: the curves and validation losses are the
+    results there are, and ``--trained`` keeps them; by default only finished runs are kept."""
+    script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
+    sweep = tmp_path / "outputs" / "sweeps" / "depth"
+    for name in ("scored", "trained"):
+        for path in ("config.yaml", "train_summary.json", "scalars.csv"):
+            (sweep / name).mkdir(parents=True, exist_ok=True)
+            (sweep / name / path).write_text(f"{name} {path}\n")
+    (sweep / "scored" / "metrics.json").write_text("{}")
+    (sweep / "trained" / "hypotheses.test.txt").write_text("an evaluation cut short\n")
+    (sweep / "half" / "config.yaml").parent.mkdir()
+    (sweep / "half" / "config.yaml").write_text("still training\n")
+    default, trained = tmp_path / "default.tar.xz", tmp_path / "trained.tar.xz"
+    script["save"](sweep, default)
+    script["save"](sweep, trained, trained=True)
+    assert {name.split("/")[0] for name in archive_members(default)} == {"scored"}
+    assert {name.split("/")[0] for name in archive_members(trained)} == {"scored", "trained"}
+    assert "trained/hypotheses.test.txt" not in archive_members(trained)
+    script["restore"](trained, tmp_path / "restored")
+    assert (
+        tmp_path / "restored" / "trained" / "scalars.csv"
+    ).read_text() == "trained scalars.csv\n"
+
+
 def test_an_archive_is_the_same_bytes_for_the_same_runs_and_rewritten_only_when_they_change(
     tmp_path,
 ):

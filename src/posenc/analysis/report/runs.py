@@ -23,7 +23,7 @@ from posenc.config import (
     flatten,
     reference_encoding,
 )
-from posenc.config.identity import EVAL_RUN_CONTROL
+from posenc.config.identity import BUDGET_KEYS, EVAL_RUN_CONTROL
 from posenc.config.variants import (
     encoding_config,
     known_encodings,
@@ -388,6 +388,21 @@ def _is_variant_key(key: str) -> bool:
     )
 
 
+def budget_bound(run: Run, key: str) -> bool:
+    """Whether the budget ``key`` (:data:`BUDGET_KEYS`) may have ended ``run``'s training: False
+    only when the run finished training short of it (fewer seconds than ``trainer.max_time``,
+    fewer steps than ``trainer.max_steps``, not stopped early under ``trainer.patience``), as its
+    training summary says; a run without one counts as bound."""
+    limit, train = run.config.get(key), run.train
+    if limit is None or train.get("steps") is None:
+        return limit is not None
+    if key == "trainer.max_time":
+        return float(train.get("train_seconds") or 0.0) >= float(limit)
+    if key == "trainer.max_steps":
+        return int(train["steps"]) >= int(limit)
+    return bool(train.get("stopped_early"))
+
+
 def group_runs(runs: Sequence[Run]) -> list[Group]:
     """Group runs by encoding; settings other than run control (``RUN_CONTROL_KEYS``: the seed,
     the device, ...) and where a machine keeps its files (``UNREPORTED_KEYS``) that differ
@@ -396,14 +411,18 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
     encoding (an encoder form, say), named where a run leaves the encoding's ``configs/pe``
     default (so the default form is labelled by its name alone). Decoding settings (``eval.*``)
     separate only runs that were scored: a run still without the evaluation the report reads
-    (``--eval``) stays in its encoding's group, listed as unfinished. Sets each run's
-    ``label``; the groups come in the order of their first run, each group's runs by seed."""
+    (``--eval``) stays in its encoding's group, listed as unfinished. A budget that ended no
+    run's training (:func:`budget_bound`: every run stopped short of it) separates nothing: the
+    runs trained alike. Sets each run's ``label``; the groups come in the order of their first
+    run, each group's runs by seed."""
     healthy = [r for r in runs if r.status != FAILED]
     scored_differences = set(differing_keys([r for r in runs if r.status == DONE]))
     variant_keys = [
         k
         for k in differing_keys(healthy)
-        if _is_variant_key(k) and (not k.startswith("eval.") or k in scored_differences)
+        if _is_variant_key(k)
+        and (not k.startswith("eval.") or k in scored_differences)
+        and (k not in BUDGET_KEYS or any(budget_bound(r, k) for r in healthy))
     ]
     pe_keys = {
         pe: [
