@@ -8,7 +8,7 @@ SWEEP ?= outputs/sweeps/demo
 # test processes (pytest-xdist); each test runs torch on one thread
 TEST_WORKERS ?= 2
 
-.PHONY: help install test test-all lint demo report bench gpu-bundle gpu-aside gpu-back clean
+.PHONY: help install data test test-all lint demo report bench gpu-bundle gpu-aside gpu-back clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -21,6 +21,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed  ## create .venv and install posenc with its dependencies
+
+data: install  ## download, check and clean the local mix into $$POSENC_CACHE/data (posenc-data fetch)
+	$(VENV)/bin/posenc-data fetch
 
 test: install  ## the fast test suite
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS)

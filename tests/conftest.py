@@ -95,6 +95,8 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     """Tokenizers trained by tests go to one temporary cache; the hub is never contacted."""
     monkeypatch.setenv("POSENC_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if "POSENC_DATA" not in os.environ and SHARED_DATA.is_dir():  # else fetched (a mirror)
+        monkeypatch.setenv("POSENC_DATA", str(SHARED_DATA))
 
 
 def write_pair(directory: Path, stem: str, src: list[str], tgt: list[str]) -> None:

@@ -104,3 +104,27 @@ def test_an_override_of_no_typed_setting_is_named_with_the_closest_one():
     )
     for known in ("trainer.max_steps", "eval.bertscore.model", "data.dir", "pe.base", "seed"):
         assert unknown_setting(known) is None
+
+
+def test_a_misspelt_option_of_a_group_is_named_with_the_closest_option():
+    from posenc.config.options import unknown_option
+
+    assert unknown_option("experiment", "smok").startswith(
+        "experiment=smok is no option of experiment; did you mean experiment=smoke?"
+    )
+    assert unknown_option("pe", "rope,alibbi").startswith("pe=alibbi is no option of pe")
+    for group, value in (("pe", "rope,alibi"), ("experiment", "null"), ("pe", "choice(rope)")):
+        assert unknown_option(group, value) is None
+    assert unknown_option("seed", "smok") is None  # no group
+
+
+def test_a_key_no_option_of_an_untyped_group_has_is_named_with_the_closest_one():
+    from posenc.config.options import unknown_key
+
+    assert unknown_key("pe.bas") == (
+        "pe.bas is not among the pe settings of any pe option; did you mean pe.base?"
+    )
+    assert unknown_key("data.holdout.tatoeba.sise") is None  # a nested key of a known one
+    for known in ("pe.off_layers", "pe.encoder_bias", "data.dir", "tokenizer.vocab_size"):
+        assert unknown_key(known) is None
+    assert unknown_key("+pe.my_own") is None

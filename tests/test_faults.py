@@ -344,16 +344,39 @@ def test_an_unknown_key_is_refused_in_one_line_with_the_closest_one(tmp_path, ke
     assert not (tmp_path / "outputs").exists()  # stopped before any run directory
 
 
-def test_an_unknown_key_of_an_untyped_group_is_refused_by_hydra(tmp_path):
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "experiment=smok",
+            "experiment=smok is no option of experiment; did you mean experiment=smoke?",
+        ),
+        ("pe=rop", "pe=rop is no option of pe; did you mean pe=rope?"),
+        ("model=tny", "model=tny is no option of model; did you mean model=tiny?"),
+        ("pe=rope,alibbi", "pe=alibbi is no option of pe; did you mean pe=alibi?"),
+        (
+            "pe.bas=100",
+            "pe.bas is not among the pe settings of any pe option; did you mean pe.base?",
+        ),
+        (
+            "data.dirr=/x",
+            "data.dirr is not among the data settings of any data option; did you mean data.dir?",
+        ),
+    ],
+)
+def test_a_misspelt_option_or_key_of_any_group_is_refused_in_one_line_writing_nothing(
+    tmp_path, override, message
+):
+    """A misspelt preset no longer falls back to the defaults and trains under the wrong name."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *SMOKE, "data.dirr=x"],
+        [sys.executable, str(ROOT / "train.py"), override],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 1
-    assert "Could not override 'data.dirr'" in result.stderr
+    assert result.stderr.startswith(f"train: {message}") and result.stderr.count("\n") == 1
     assert not (tmp_path / "outputs").exists()
 
 

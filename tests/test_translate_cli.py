@@ -155,3 +155,25 @@ def test_the_python_api_loads_a_run_and_translates_as_the_command_does(trained, 
     assert best[0][0][0] >= best[0][1][0]  # best first
     with pytest.raises(ValueError, match="nbest=4 needs a beam at least that wide"):
         loaded.translate(sources, beam_size=2, nbest=4)
+    assert repr(loaded) == (
+        f"TrainedRun({str(trained)!r}, pe={loaded.config.pe.name}, step={loaded.step}, "
+        f"checkpoint={loaded.checkpoint.name}, device=cpu)"
+    )
+
+
+def test_the_python_api_raises_what_python_code_catches(trained, tmp_path):
+    """A notebook's ``except FileNotFoundError`` / ``except ValueError`` catches every refusal;
+    none ends the interpreter (SystemExit)."""
+    import posenc
+    from posenc.api import RunNotFoundError, RunSettingError
+
+    with pytest.raises(RunNotFoundError, match="is no posenc run"):
+        posenc.load_run(tmp_path / "nowhere")
+    without = tmp_path / "without_checkpoints"
+    shutil.copytree(trained, without, ignore=shutil.ignore_patterns("checkpoints"))
+    with pytest.raises(FileNotFoundError):
+        posenc.load_run(without)
+    with pytest.raises(RunSettingError):
+        posenc.load_run(trained, "eval.beam_sise=3")
+    with pytest.raises(ValueError):
+        posenc.load_run(trained, "eval.beam_size=wide")

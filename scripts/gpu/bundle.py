@@ -62,6 +62,8 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "hydra-joblib-launcher": ("1.2.0", "hydra/launcher=parallel: several runs at once"),
     "hydra-submitit-launcher": ("1.2.0", "hydra/launcher=slurm (the launchers extra); a test"),
     "submitit": ("1.5.4", "required by hydra-submitit-launcher"),
+    "pooch": ("1.9.0", "posenc-data fetch downloads and checks the local mix; tests import it"),
+    "platformdirs": ("4.14.8", "required by pooch"),
 }
 #: built from the source distribution with ``pip wheel`` (no wheel on the index)
 SDISTS = frozenset({"antlr4-python3-runtime"})
@@ -102,7 +104,7 @@ def data_files() -> list[str]:
     langs = (local["src_lang"], local["tgt_lang"])
     files = [f"{stem}.{lang}" for stem in dict.fromkeys(stems) for lang in langs]
     mbert = yaml.safe_load((ROOT / "configs/tokenizer/mbert.yaml").read_text(encoding="utf-8"))
-    vocab = re.sub(r"^\$\{[^}]*\}/", "", mbert["vocab_file"])  # ${oc.env:POSENC_DATA,...}/
+    vocab = mbert["vocab_file"].rsplit("}/", 1)[-1]  # after ${oc.env:POSENC_DATA,...}/
     return [*files, vocab, "SOURCES.md"]
 
 

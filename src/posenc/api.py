@@ -27,7 +27,15 @@ from posenc.model.seq2seq import Translator
 from posenc.runtime.device import resolve_device
 
 
-@dataclass
+class RunNotFoundError(FileNotFoundError):
+    """The path is no posenc run, or the run has no checkpoint to load (one line saying which)."""
+
+
+class RunSettingError(ValueError):
+    """An override is not one of the run's settings, or not of its type (one line)."""
+
+
+@dataclass(repr=False)
 class TrainedRun:
     """A run's model on its device with its tokenizer and decoding settings
     (:func:`load_run`)."""
@@ -39,6 +47,12 @@ class TrainedRun:
     step: int
     checkpoint: Path
     device: torch.device
+
+    def __repr__(self) -> str:
+        return (
+            f"TrainedRun({str(self.path)!r}, pe={self.config.pe.name}, step={self.step}, "
+            f"checkpoint={self.checkpoint.name}, device={self.device})"
+        )
 
     def translate(
         self, sentences: Sequence[str], beam_size: int | None = None, nbest: int = 1
@@ -68,12 +82,27 @@ def load_run(path: str | Path, *overrides: str) -> TrainedRun:
     unless overridden: ``load_run(path, "eval.checkpoint=last", "device=cpu")``).
 
     Raises:
-        SystemExit: ``path`` is no posenc run, or it has no checkpoint (one line, as the
-            command line says it).
-        ValueError: an override is not one of the run's settings or not of its type.
+        RunNotFoundError: ``path`` is no posenc run, or it has no checkpoint (a
+            ``FileNotFoundError``; one line, as the command line says it).
+        RunSettingError: an override is not one of the run's settings or not of its type (a
+            ``ValueError``).
     """
     run_dir = Path(path)
-    cfg = run_configs([run_dir], list(overrides))[0]
-    (tokenizer, model, step, checkpoint), _ = load_runs([run_dir], [cfg])
+    if not (run_dir / "config.yaml").is_file():
+        raise RunNotFoundError(f"{run_dir} is no posenc run: it holds no config.yaml")
+    try:
+        cfg = run_configs([run_dir], list(overrides))[0]
+    except (SystemExit, ValueError) as refused:
+        raise RunSettingError(_said(refused)) from None
+    try:
+        (tokenizer, model, step, checkpoint), _ = load_runs([run_dir], [cfg])
+    except SystemExit as refused:
+        raise RunNotFoundError(_said(refused)) from None
     device = resolve_device(cfg.device)
     return TrainedRun(run_dir, cfg, tokenizer, model.to(device).eval(), step, checkpoint, device)
+
+
+def _said(refused: BaseException) -> str:
+    """The one line a command-line refusal (``SystemExit``) or error carries."""
+    text = str(refused.code if isinstance(refused, SystemExit) else refused)
+    return text.splitlines()[0] if text else type(refused).__name__

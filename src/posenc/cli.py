@@ -1,4 +1,4 @@
-"""The console commands: posenc-train, -evaluate, -translate and -report.
+"""The console commands: posenc-train, -evaluate, -translate, -report and -data.
 
 Each is the same as its ``python`` form (``[project.scripts]`` in pyproject.toml), with the same
 arguments:
@@ -6,7 +6,8 @@ arguments:
 * ``posenc-train [OVERRIDES]`` = ``python train.py [OVERRIDES]`` (``-m`` for a sweep);
 * ``posenc-evaluate run_dir=RUN [KEY=VALUE ...]`` = ``python -m posenc.evaluation ...``;
 * ``posenc-translate run_dir=RUN [input=FILE] ...`` = ``python -m posenc.translate ...``;
-* ``posenc-report SWEEP [--split ...]`` = ``python scripts/report.py ...``.
+* ``posenc-report SWEEP [--split ...]`` = ``python scripts/report.py ...``;
+* ``posenc-data fetch [--to DIR] [--mirror URL]`` = ``python -m posenc.data.fetch ...``.
 
 They read ``configs/`` of the checkout posenc is installed from (``pip install -e .``).
 """
@@ -19,16 +20,19 @@ import hydra
 from omegaconf import DictConfig
 
 from posenc.config import CONFIG_DIR, unknown_setting
+from posenc.config.options import unknown_key, unknown_option
 from posenc.job import hydra_job, objective, run
 
 
 def train() -> None:
-    """``posenc-train`` and ``python train.py``: an override of no setting of a typed group ends
-    it in one line naming the closest setting, before Hydra makes a run directory; then
-    :func:`train_job` under Hydra."""
+    """``posenc-train`` and ``python train.py``: an override naming no option of a config group
+    (``experiment=smok``) or no setting (``pe.bas=1``) ends it in one line naming the closest,
+    before Hydra makes a run directory; then :func:`train_job` under Hydra."""
     for arg in sys.argv[1:]:
-        key, equals, _ = arg.partition("=")
-        problem = equals and not key.startswith("hydra") and unknown_setting(key)
+        key, equals, value = arg.partition("=")
+        if not equals or key.startswith("hydra"):
+            continue
+        problem = unknown_option(key, value) or unknown_setting(key) or unknown_key(key)
         if problem:
             raise SystemExit(f"train: {problem}")
     train_job()
@@ -62,3 +66,10 @@ def report() -> None:
     from posenc.analysis.report.build import main
 
     main()
+
+
+def data() -> None:
+    """``posenc-data``: :func:`posenc.data.fetch.main`."""
+    from posenc.data.fetch import main
+
+    sys.exit(main())

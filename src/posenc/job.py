@@ -25,6 +25,7 @@ from posenc.config import TrainerConfig, paste, reported_settings
 from posenc.config.identity import differences, evaluation_identity, training_identity
 from posenc.config.metrics import METRICS, VALIDATION_METRICS
 from posenc.data.corpus import DataError
+from posenc.data.fetch import DataFetchError, use_local_mix
 from posenc.evaluation.decode import DecodeSettings, decode_sources
 from posenc.evaluation.evaluate import archive_evaluation, evaluate
 from posenc.evaluation.metrics import corpus_scores
@@ -214,9 +215,16 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
 
 def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | None:
     _absolute_paths(cfg)
+    try:
+        use_local_mix(cfg)
+    except DataFetchError as err:  # no job can run without the data: nothing is written
+        log.error("DataFetchError: %s", err)
+        _remove_hydras_start(run_dir)
+        sys.exit(1)
     if not multirun:
         try:  # a refused setting of a single run writes nothing (a sweep's job is recorded
             check_config(cfg)  # below, in failed.json, so that its report lists it)
+            resolve_device(cfg.device)  # a device this machine lacks, likewise
         except ValueError as err:
             log.error("ValueError: %s", str(err).splitlines()[0] if str(err) else "invalid")
             _remove_hydras_start(run_dir)

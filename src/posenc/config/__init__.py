@@ -429,7 +429,8 @@ def _lookup(cfg: Mapping, dotted: str) -> tuple[bool, Any]:
 def unknown_setting(key: str) -> str | None:
     """One line when the dotted ``key`` of an override (Hydra's ``+``/``~`` prefixes removed)
     names no setting of a typed group (model, trainer, eval, logger), with the closest one; None
-    for a known setting or an untyped group (data, pe, tokenizer)."""
+    for a known setting or an untyped group (data, pe, tokenizer:
+    :func:`posenc.config.options.unknown_key`)."""
     group, _, rest = key.lstrip("+~").partition(".")
     for cls in (ModelConfig, TrainerConfig, EvalConfig, LoggerConfig):
         if group == cls.GROUP and rest and rest.split(".")[0] not in cls.settings_names():

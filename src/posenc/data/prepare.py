@@ -304,6 +304,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from posenc.config import CONFIG_DIR
     from posenc.data.corpus import DataError
+    from posenc.data.fetch import use_local_mix
     from posenc.runtime.cli import one_line_errors
 
     args = sys.argv[1:] if argv is None else argv
@@ -314,6 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     with one_line_errors("posenc.data.prepare", (DataError, ValueError)):
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("train", overrides=args)
+        use_local_mix(cfg)
         directory = prepared_store(cfg, progress=True)
         meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
         size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
