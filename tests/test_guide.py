@@ -85,3 +85,14 @@ def test_the_documents_and_the_study_archive_stay_a_small_part_of_a_clone():
     uncompressed sweep would add tens of MB)."""
     size = sum(p.stat().st_size for p in (ROOT / "docs").rglob("*") if p.is_file())
     assert size < 60_000_000
+
+
+def test_the_guides_preset_row_lists_every_preset():
+    """One set of facts: each ``configs/experiment`` preset is in the groups table."""
+    row = next(
+        line
+        for line in (ROOT / "docs" / "GUIDE.md").read_text().splitlines()
+        if line.startswith("| `experiment` |")
+    )
+    listed = set(re.findall(r"`(\w+)`", row.split("|")[2]))
+    assert listed == {p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml")}

@@ -295,3 +295,18 @@ def test_a_compiled_model_trains_to_the_same_loss(tmp_path):
         for name in ("plain", "compiled")
     ]
     assert losses[1] == pytest.approx(losses[0], rel=1e-3)
+
+
+def test_progress_bars_are_drawn_on_a_terminal_only():
+    """Piped into a file, a bar that is asked for draws nothing: no carriage-return redraws
+    (the log lines say the same); one not asked for never draws."""
+    import io
+
+    from tqdm import tqdm
+
+    from posenc.runtime.progress import bar_disabled
+
+    piped = io.StringIO()
+    for _ in tqdm(range(5), disable=bar_disabled(True), file=piped):
+        pass
+    assert piped.getvalue() == "" and bar_disabled(False) is True

@@ -39,6 +39,7 @@ from posenc.data.store import StoreWriter, flatten, prepared, store_key
 from posenc.data.streams import Cleaner, sendable_pairs, shuffled_order
 from posenc.data.tokenizer import Tokenizer, build_tokenizer
 from posenc.runtime import distributed
+from posenc.runtime.progress import bar_disabled
 
 log = logging.getLogger("posenc.data.prepare")
 
@@ -140,7 +141,7 @@ def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> d
     try:
         spool = Spool(spool_dir)
         cleaner = Cleaner.of(clean) if clean else None
-        with tqdm(desc="reading", unit=" pairs", disable=not progress) as bar:
+        with tqdm(desc="reading", unit=" pairs", disable=bar_disabled(progress)) as bar:
             stream = _Counted(training_stream(data), bar)
             passing = (
                 (pair for pair in stream if cleaner.keeps(*pair))
@@ -286,7 +287,9 @@ def _write_ids(
     _WORK = (train, tokenizer, writer.dtype)
     try:
         with (
-            tqdm(total=len(train), desc="tokenising", unit=" pairs", disable=not progress) as bar,
+            tqdm(
+                total=len(train), desc="tokenising", unit=" pairs", disable=bar_disabled(progress)
+            ) as bar,
             _workers(min(len(os.sched_getaffinity(0)), len(starts))) as pool,
         ):
             chunks = pool.imap(_encoded_chunk, starts) if pool else map(_encoded_chunk, starts)

@@ -19,6 +19,7 @@ from posenc.data.tokenizer import Tokenizer
 from posenc.model.sampling import Sampling
 from posenc.model.search import Hypothesis
 from posenc.model.seq2seq import Translator
+from posenc.runtime.progress import bar_disabled
 
 T = TypeVar("T")
 
@@ -152,7 +153,7 @@ def _in_batches(
         total=len(sources),
         desc="decoding",
         unit="sent",
-        disable=not settings.progress,
+        disable=bar_disabled(settings.progress),
         leave=False,
         dynamic_ncols=True,
     )

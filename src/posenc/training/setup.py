@@ -32,6 +32,7 @@ from posenc.runtime.device import (
     resolve_device,
     seed_everything,
 )
+from posenc.runtime.progress import bar_disabled
 from posenc.runtime.rundir import RunDir
 from posenc.runtime.sinks import open_sinks
 from posenc.runtime.tblog import RunLogger
@@ -299,7 +300,7 @@ def _progress(cfg: DictConfig, trainer: TrainerConfig, state: TrainState, main: 
     return tqdm(
         total=trainer.max_steps,
         initial=state.step,
-        disable=not (trainer.progress and main),
+        disable=bar_disabled(trainer.progress and main),
         desc=f"{cfg.pe.name}",
         dynamic_ncols=True,
     )
