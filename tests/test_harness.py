@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -256,9 +257,12 @@ def test_a_run_that_cannot_teach_anything_says_so(tmp_path, caplog):
         "trainer.warmup_steps=10",
         "trainer.valid_every=100",
     )
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("INFO"):
         metrics = run(cfg, tmp_path)
     warnings = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("test: ")]
+    assert said[0] == "test: decoding 12 sentences"  # scoring says each split's phases
+    assert re.fullmatch(r"test: BLEU .* \(12 sentences in \d+\.\d s: decoding .*\)", said[-1])
     assert "inside the 10-step warmup" in warnings and "never trainer.lr" in warnings
     assert "only 1 validation point(s)" in warnings
     test = metrics["splits"]["test"]

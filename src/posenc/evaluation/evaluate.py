@@ -20,6 +20,9 @@ same evaluation reads the one already there.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -83,21 +86,30 @@ def evaluate_split(
 ) -> dict[str, Any]:
     """Decode (as ``decoding`` says) and score one split; writes its hypothesis and reference
     files into ``out_dir``."""
+    started = time.perf_counter()
     corpus = evaluated_part(corpus, eval_cfg)
+    log.info("%s: decoding %d sentences", split, len(corpus.src))
     sources = tokenizer.encode_batch(corpus.src)
     targets = tokenizer.encode_batch(corpus.tgt)
     ids, seconds = decode_sources(model, tokenizer, sources, decoding, device)
     hypotheses = tokenizer.decode_batch(ids)
     write_text(RunDir(out_dir).hypotheses(split), "\n".join(hypotheses) + "\n")
     write_text(RunDir(out_dir).references(split), "\n".join(corpus.tgt) + "\n")
-    losses = scored_losses(model, tokenizer, sources, targets, eval_cfg, device)
+    phases = {"decoding": seconds}
+    with _timed(phases, "loss"):
+        losses = scored_losses(model, tokenizer, sources, targets, eval_cfg, device)
     write_losses(losses_file(out_dir, split), losses)
     generated = sum(len(row) + 1 for row in ids)
+    with _timed(phases, "BLEU/chrF"):
+        surface = corpus_scores(hypotheses, corpus.tgt)
+    with _timed(phases, "BERTScore"):
+        neural = bertscore(hypotheses, corpus.tgt).as_dict()
+    with _timed(phases, "COMET"):
+        neural |= comet(corpus.src, hypotheses, corpus.tgt)
     result: dict[str, Any] = {
         "sentences": len(hypotheses),
-        **corpus_scores(hypotheses, corpus.tgt),
-        **bertscore(hypotheses, corpus.tgt).as_dict(),
-        **comet(corpus.src, hypotheses, corpus.tgt),
+        **surface,
+        **neural,
         "loss": round(losses.loss, 5),
         "decode_seconds": round(seconds, 3),
         "decode_tokens_per_s": round(generated / max(seconds, 1e-9), 1),
@@ -127,15 +139,30 @@ def evaluate_split(
             len(hypotheses),
         )
     log.info(
-        "%s: BLEU %.2f chrF %.2f BERTScore-F1 %s (%d sentences, %.1f s)",
+        "%s: BLEU %.2f chrF %.2f BERTScore-F1 %s (%d sentences in %.1f s: %s)",
         split,
         result["bleu"],
         result["chrf"],
         result["bertscore_f1"],
         len(ids),
-        seconds,
+        time.perf_counter() - started,
+        ", ".join(  # decoding, then each other phase that took a visible time
+            f"{name} {spent:.1f}"
+            for name, spent in phases.items()
+            if name == "decoding" or spent >= 0.05
+        ),
     )
     return result
+
+
+@contextmanager
+def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    """Add the seconds the block takes to ``phases[name]``."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - started
 
 
 def average_last(cfg: DictConfig) -> int:
