@@ -314,3 +314,23 @@ def test_progress_bars_are_drawn_on_a_terminal_only():
     for _ in tqdm(range(5), disable=bar_disabled(True), file=piped):
         pass
     assert piped.getvalue() == "" and bar_disabled(False) is True
+
+
+def test_a_run_directory_pasted_unquoted_into_trainer_resume_works(tmp_path):
+    """A run directory's name holds ``=`` and ``,``, which Hydra's grammar would refuse
+    ("mismatched input '='"); the path is quoted for it."""
+    first = _cli(*SMOKE, "seed=3", "trainer.max_steps=2", "eval.enabled=false", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (last,) = (tmp_path / "outputs").rglob("last.pt")
+    assert "=" in str(last) and "," in str(last)
+    resumed = _cli(
+        *SMOKE,
+        "trainer.max_steps=4",
+        "eval.enabled=false",
+        f"trainer.resume={last.relative_to(tmp_path)}",
+        f"hydra.run.dir={tmp_path / 'resumed'}",
+        cwd=tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((tmp_path / "resumed" / "train_summary.json").read_text())
+    assert summary["steps"] == 4

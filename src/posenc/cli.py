@@ -20,14 +20,16 @@ import hydra
 from omegaconf import DictConfig
 
 from posenc.config import CONFIG_DIR, unknown_setting
-from posenc.config.options import unknown_key, unknown_option
+from posenc.config.options import quoted_path, unknown_key, unknown_option
 from posenc.job import hydra_job, objective, run
 
 
 def train() -> None:
     """``posenc-train`` and ``python train.py``: an override naming no option of a config group
     (``experiment=smok``) or no setting (``pe.bas=1``) ends it in one line naming the closest,
-    before Hydra makes a run directory; then :func:`train_job` under Hydra."""
+    before Hydra makes a run directory (a path pasted as it is, a run directory's name with its
+    ``=`` and ``,``, is quoted for Hydra first); then :func:`train_job` under Hydra."""
+    sys.argv[1:] = [quoted_path(arg) for arg in sys.argv[1:]]
     for arg in sys.argv[1:]:
         key, equals, value = arg.partition("=")
         if not equals or key.startswith("hydra"):

@@ -470,5 +470,9 @@ def paste(key: str, value: str | Path) -> str:
     text = str(value)
     if "'" not in text and not _SHELL_SPECIAL & set(text):
         return f"\"{key}='{text}'\""
-    hydra_value = "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return shlex.quote(f"{key}={hydra_value}")
+    return shlex.quote(f"{key}={hydra_quoted(text)}")
+
+
+def hydra_quoted(text: str) -> str:
+    """``text`` as a quoted Hydra override value that Hydra reads back as the string itself."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

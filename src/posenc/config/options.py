@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import difflib
 
-from posenc.config import CONFIG_DIR
+from posenc.config import CONFIG_DIR, hydra_quoted
+from posenc.config.identity import FILE_SETTINGS
+
+#: settings that name a path, whose values may hold what Hydra's grammar reads otherwise (a run
+#: directory's name has ``=`` and ``,``)
+PATH_SETTINGS = FILE_SETTINGS | {"trainer.resume"}
+#: characters of a path that Hydra would not read as part of a plain value
+HYDRA_SPECIAL = set("=,[]{}()'\" \\:$")
 
 #: config groups whose option a command line names (``GROUP=OPTION``), each a folder of YAMLs
 OPTION_GROUPS = ("experiment", "pe", "model", "data", "tokenizer", "trainer", "eval", "bench")
@@ -64,3 +71,14 @@ def unknown_key(key: str) -> str | None:
     close = difflib.get_close_matches(name, sorted(known), n=1)
     hint = f"did you mean {group}.{close[0]}?" if close else f"add a key of your own as +{key}"
     return f"{group}.{name} is not among the {group} settings of any {group} option; {hint}"
+
+
+def quoted_path(arg: str) -> str:
+    """``KEY=PATH`` with ``PATH`` quoted for Hydra when ``KEY`` names a path and the path holds
+    characters Hydra's grammar would read otherwise: a run directory's name pasted as
+    ``trainer.resume=outputs/runs/default/pe=rope,seed=0@1a2b3c4d/checkpoints/last.pt`` works
+    as typed. Any other argument, or one already quoted, is returned as it is."""
+    key, equals, value = arg.partition("=")
+    if not equals or key.lstrip("+~") not in PATH_SETTINGS or value[:1] in ("'", '"'):
+        return arg
+    return f"{key}={hydra_quoted(value)}" if HYDRA_SPECIAL & set(value) else arg
