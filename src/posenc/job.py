@@ -269,11 +269,20 @@ HYDRA_START = frozenset({".hydra", "train.log"})
 
 def _remove_hydras_start(run_dir: RunDir) -> None:
     """Remove a run directory that holds only what Hydra wrote for this job (its ``.hydra/``
-    copy of the settings and the log): a refused configuration leaves nothing behind. A
-    directory with anything else in it (an earlier run) is left as it is."""
+    copy of the settings and the log), and the folders above it under the working directory
+    that it leaves empty: a refused configuration leaves nothing behind. A directory with
+    anything else in it (an earlier run) is left as it is."""
     path = run_dir.path
     if path.is_dir() and not path.is_symlink() and {p.name for p in path.iterdir()} <= HYDRA_START:
         shutil.rmtree(path, ignore_errors=True)
+        here = Path.cwd().resolve()
+        for parent in path.resolve().parents:  # the folders Hydra made for it, left empty
+            if parent == here or here not in parent.parents:
+                break
+            try:
+                parent.rmdir()  # only an empty folder
+            except OSError:
+                break
 
 
 def _record_failure(run_dir: RunDir, error: str, message: str, trace: str | None = None) -> None:
