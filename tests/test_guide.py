@@ -4,7 +4,7 @@ the ones the code generates."""
 import re
 
 import pytest
-from conftest import PE_NAMES, ROOT
+from conftest import PE_NAMES, ROOT, SHARED_DATA, compose
 
 from posenc.analysis.guide_sections import (
     MAX_SUMMARY,
@@ -96,3 +96,23 @@ def test_the_guides_preset_row_lists_every_preset():
     )
     listed = set(re.findall(r"`(\w+)`", row.split("|")[2]))
     assert listed == {p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml")}
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="needs the local mix")
+def test_the_guides_training_pair_counts_are_what_the_data_gives():
+    """One set of facts: the counts the guide states are read from the data by the pipeline a
+    run uses (cleaning, then the hold-out rule), under both rules it names."""
+    from posenc.data.config import data_config
+    from posenc.data.splits import training_stream
+    from posenc.data.streams import Cleaner
+
+    guide = (ROOT / "docs" / "GUIDE.md").read_text()
+    for overrides, phrase in (
+        ((), "({:,} pairs after cleaning and the default hold-out rule"),
+        (("data.holdout_drops=[source]",), "; {:,} under the rule of runs made"),
+    ):
+        data = data_config(compose(*overrides).data)
+        cleaner = Cleaner.of(data.clean)
+        for pair in training_stream(data):
+            cleaner.keeps(*pair)
+        assert phrase.format(len(cleaner.distinct())) in " ".join(guide.split())
