@@ -211,3 +211,35 @@ def test_a_first_run_without_the_data_or_a_network_stops_in_one_line_leaving_no_
     assert len(said) == 1 and "cannot download http://127.0.0.1:9/" in said[0], done.stderr[-2000:]
     assert str(tmp_path / "cache" / "data") in said[0] and "POSENC_DATA" in said[0]
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache" / "data").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED / "data-raw").is_dir(), reason="needs the raw originals' copies")
+def test_a_first_run_fetches_the_mix_and_trains_and_scores_on_it(tmp_path, serve):
+    env = {
+        **os.environ,
+        "POSENC_CACHE": str(tmp_path / "cache"),
+        "POSENC_DATA_MIRROR": serve(SHARED / "data-raw"),
+        "PYTHONPATH": pythonpath(),
+    }
+    env.pop("POSENC_DATA", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "experiment=first",
+            "trainer.max_steps=20",
+            "trainer.valid_every=10",
+            "eval.max_sentences=20",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert is_complete(tmp_path / "cache" / "data")
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    assert f"dir: {tmp_path / 'cache' / 'data'}" in config
+    assert (tmp_path / "run" / "metrics.json").is_file()
