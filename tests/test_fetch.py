@@ -210,7 +210,7 @@ def test_a_first_run_without_the_data_or_a_network_stops_in_one_line_leaving_no_
     said = [line for line in output if "DataFetchError" in line]
     assert len(said) == 1 and "cannot download http://127.0.0.1:9/" in said[0], done.stderr[-2000:]
     assert str(tmp_path / "cache" / "data") in said[0] and "POSENC_DATA" in said[0]
-    assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache" / "data").exists()
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache").exists()
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ absent. A mirror that serves the same paths (``POSENC_DATA_MIRROR`` or ``--mirro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -163,9 +164,30 @@ def local_mix(cache_dir: str | Path) -> Path:
     target = Path(cache_dir).expanduser() / "data"
     if is_complete(target):
         return target
+    made = not target.parent.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.parent / ".data.lock")):
-        return fetch(target, progress=sys.stderr.isatty())
+    lock = target.parent / ".data.lock"
+    try:
+        with FileLock(str(lock)):
+            return fetch(target, progress=sys.stderr.isatty())
+    except DataFetchError:
+        _tidy(target.parent, lock, made)
+        raise
+
+
+def _tidy(cache: Path, lock: Path, made: bool) -> None:
+    """After a failed fetch, remove what it left that holds nothing: empty download folders,
+    the lock, and ``cache`` itself when this fetch made it and it is empty now (originals that
+    did arrive stay, for the next fetch)."""
+    raw = cache / "data-raw"
+    if raw.is_dir():
+        for folder, _, _ in sorted(os.walk(raw), key=lambda entry: -len(entry[0])):
+            with contextlib.suppress(OSError):
+                Path(folder).rmdir()  # only an empty folder
+    lock.unlink(missing_ok=True)
+    if made:
+        with contextlib.suppress(OSError):
+            cache.rmdir()
 
 
 def use_local_mix(cfg: DictConfig) -> None:
