@@ -29,7 +29,7 @@ the same sentences compress against each other. Its members are ordered by file 
 path, so alike files lie within the compressor's window, and it is written reproducibly (no
 time stamps, owners or modes: the same runs give the same bytes) and atomically, only when its
 content changed. An archive is untrusted input: a member that is not a regular file, has a
-path that is absolute, hidden or climbs out with ``..``, or is over :data:`MAX_FILE_BYTES`
+path that is absolute, holds a doubled slash, is hidden or climbs out with ``..``, or is over :data:`MAX_FILE_BYTES`
 leaves its run out (one line saying which); an archive over :data:`MAX_ARCHIVE_BYTES`, packed
 or unpacked, or no xz-compressed tar is refused whole. Links in a sweep are never followed.
 """
@@ -104,7 +104,9 @@ def member_problem(member: tarfile.TarInfo) -> str | None:
     path = PurePosixPath(member.name)
     if not member.isfile():
         return f"{member.name} is not a regular file"
-    if path.is_absolute() or "\\" in member.name:
+    # the name as written, not as PurePosixPath folds it: RUN//tmp/x would be read as RUN/tmp/x,
+    # and the part after RUN/ joined onto a folder as the absolute path /tmp/x
+    if path.is_absolute() or "\\" in member.name or "//" in member.name:
         return f"{member.name} is not a relative path"
     if any(part in ("", ".", "..") or part.startswith(".") for part in path.parts):
         return f"{member.name} is hidden or climbs out of the archive"

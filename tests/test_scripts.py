@@ -308,7 +308,7 @@ def test_a_stranger_archive_restores_no_link_no_path_outside_and_no_oversized_fi
 ):
     script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
     members, bodies = [], []
-    for run in ("good", "link", "climbs", "absolute", "badmap"):
+    for run in ("good", "link", "climbs", "absolute", "badmap", "double", "absmap"):
         for name in ("config.yaml", "metrics.json", "train_summary.json"):
             members.append(tarfile.TarInfo(f"{run}/{name}"))
             members[-1].size = 3
@@ -319,18 +319,35 @@ def test_a_stranger_archive_restores_no_link_no_path_outside_and_no_oversized_fi
     absolute = tarfile.TarInfo("/absolute/hypotheses.test.txt")
     badmap = tarfile.TarInfo("badmap/references.json")
     badmap.size = len(b'{"../../x.txt": "abc"}')
-    for member in (link, climbs, absolute, badmap):
+    # a doubled slash that a path library folds away, then an absolute path
+    double = tarfile.TarInfo(f"double/{tmp_path / 'escape.txt'}")
+    double.size = 3
+    absmap_body = json.dumps({str(tmp_path / "mapped.txt"): "abc"}).encode()
+    absmap = tarfile.TarInfo("absmap/references.json")
+    absmap.size = len(absmap_body)
+    shared = tarfile.TarInfo("references/abc.txt")
+    shared.size = 3
+    for member, body in (
+        (link, b""),
+        (climbs, b""),
+        (absolute, b""),
+        (badmap, b'{"../../x.txt": "abc"}'),
+        (double, b"{}\n"),
+        (absmap, absmap_body),
+        (shared, b"ref"),
+    ):
         members.append(member)
-        bodies.append(b'{"../../x.txt": "abc"}'[: member.size])
+        bodies.append(body[: member.size])
     archive = tmp_path / "s.tar.xz"
     tar_xz(archive, members, bodies)
     restored = tmp_path / "deep" / "restored"
     script["restore"](archive, restored)
     out = capsys.readouterr().out
     assert sorted(p.name for p in restored.iterdir()) == ["absolute", "good"]
-    for run in ("link", "climbs", "badmap"):
+    for run in ("link", "climbs", "badmap", "double", "absmap"):
         assert f"not restored {run}:" in out
     assert not (tmp_path / "outside.txt").exists() and not (tmp_path / "x.txt").exists()
+    assert not (tmp_path / "escape.txt").exists() and not (tmp_path / "mapped.txt").exists()
 
 
 def test_an_oversized_member_leaves_its_run_out_and_a_broken_archive_is_refused_in_one_line(
