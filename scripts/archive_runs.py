@@ -29,9 +29,10 @@ the same sentences compress against each other. Its members are ordered by file 
 path, so alike files lie within the compressor's window, and it is written reproducibly (no
 time stamps, owners or modes: the same runs give the same bytes) and atomically, only when its
 content changed. An archive is untrusted input: a member that is not a regular file, has a
-path that is absolute, holds a doubled slash, is hidden or climbs out with ``..``, or is over :data:`MAX_FILE_BYTES`
-leaves its run out (one line saying which); an archive over :data:`MAX_ARCHIVE_BYTES`, packed
-or unpacked, or no xz-compressed tar is refused whole. Links in a sweep are never followed.
+path that is absolute, holds a doubled slash, is hidden or climbs out with ``..``, or is over
+:data:`MAX_FILE_BYTES` leaves its run out (one line saying which); an archive over
+:data:`MAX_ARCHIVE_BYTES`, packed or unpacked, or no xz-compressed tar is refused whole. Links
+in a sweep are never followed.
 """
 
 from __future__ import annotations
