@@ -7,10 +7,10 @@ Usage: ``python scripts/bench_data.py [--sizes 1000000,4000000,16000000] [--rank
 """
 
 import argparse
-import os
 from pathlib import Path
 
 from posenc.analysis.bench.corpus import bench_size, write
+from posenc.data.fetch import local_data_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,18 +23,18 @@ def main() -> None:
     parser.add_argument("--train-sentences", type=int, default=1_000_000, help="BPE sample")
     parser.add_argument("--ranks", action="store_true", help="also two torchrun ranks")
     parser.add_argument("--threads", type=int, default=2, help="the training run's threads")
-    default_data = os.environ.get("POSENC_DATA", str(ROOT.parent / "shared" / "data"))
-    parser.add_argument("--data-dir", type=Path, default=Path(default_data))
+    parser.add_argument(
+        "--data-dir", type=Path, default=None, help="default: POSENC_DATA, else the fetched mix"
+    )
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench_data")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench" / "corpus.json")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    data_dir = args.data_dir or local_data_dir()
     results = []
     for count in sizes:
         results.append(
-            bench_size(
-                args.data_dir, args.work, count, args.train_sentences, args.ranks, args.threads
-            )
+            bench_size(data_dir, args.work, count, args.train_sentences, args.ranks, args.threads)
         )
         settings = {k: getattr(args, k) for k in ("sizes", "train_sentences", "ranks", "threads")}
         write(results, args.out, settings)  # after every size: a long run keeps what it measured

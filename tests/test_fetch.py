@@ -23,7 +23,7 @@ from conftest import ROOT, pythonpath
 
 from posenc.data import fetch as fetch_module
 from posenc.data.cleaning import RECIPES, lines_of
-from posenc.data.fetch import MARKER, DataFetchError, fetch, is_complete
+from posenc.data.fetch import MARKER, DataFetchError, fetch, is_complete, local_data_dir
 from posenc.data.sources import ORIGINALS, PRODUCTS, Original, Product
 
 SHARED = ROOT.parent / "shared"
@@ -243,3 +243,16 @@ def test_a_first_run_fetches_the_mix_and_trains_and_scores_on_it(tmp_path, serve
     config = (tmp_path / "run" / "config.yaml").read_text()
     assert f"dir: {tmp_path / 'cache' / 'data'}" in config
     assert (tmp_path / "run" / "metrics.json").is_file()
+
+
+def test_a_script_reads_posenc_data_or_else_the_fetched_mix(
+    toy_manifest, tmp_path, serve, monkeypatch
+):
+    """The scripts' default data folder (the benchmark's, the GPU bundle's) is no folder of the
+    machine posenc was developed on: ``POSENC_DATA``, else the mix fetched into the cache."""
+    monkeypatch.setenv("POSENC_DATA", str(tmp_path / "mine"))
+    assert local_data_dir() == tmp_path / "mine"
+    monkeypatch.delenv("POSENC_DATA")
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("POSENC_DATA_MIRROR", serve(toy_manifest))
+    assert local_data_dir() == tmp_path / "cache" / "data" and is_complete(local_data_dir())

@@ -2,7 +2,8 @@
 # Build gpu_bundle/ (git-ignored): the wheels the GPU machine's image lacks, for CPython 3.12 on
 # manylinux x86_64, and the data files its runs read, then print the sizes. Needs the package
 # index (pip). PYTHON: whose pip downloads (default .venv/bin/python); arguments go to
-# `scripts/gpu/bundle.py build` (--data DIR, default ../shared/data; --out DIR).
+# `scripts/gpu/bundle.py build` (--data DIR, default POSENC_DATA, else the fetched local mix;
+# --out DIR).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON="${PYTHON:-.venv/bin/python}"

@@ -9,7 +9,7 @@ ones it leaves behind and why. ``tests/test_gpu_bundle.py`` checks both lists ag
 
 Commands (run with this machine's ``.venv`` python; only the standard library and ``packaging``)::
 
-    python scripts/gpu/bundle.py build [--data ../shared/data] [--out gpu_bundle]
+    python scripts/gpu/bundle.py build [--data DIR] [--out gpu_bundle]
     python scripts/gpu/bundle.py select gpu_bundle/wheels   # the wheels this python can install
 
 ``build`` downloads the wheels for CPython 3.12 on manylinux x86_64 into ``gpu_bundle/wheels``
@@ -92,9 +92,10 @@ def image_packages() -> set[str]:
 
 
 def data_files() -> list[str]:
-    """The files under the shared data folder that the GPU runs read: every stem of
-    ``configs/data/local.yaml`` in both languages, the mBERT vocabulary of
-    ``configs/tokenizer/mbert.yaml`` and the data's SOURCES.md."""
+    """The files of the local mix that the GPU runs read: every stem of
+    ``configs/data/local.yaml`` in both languages and the mBERT vocabulary of
+    ``configs/tokenizer/mbert.yaml`` (where each comes from is in the package's manifest,
+    :mod:`posenc.data.sources`, which travels with the source tree)."""
     import yaml
 
     local = yaml.safe_load((ROOT / "configs/data/local.yaml").read_text(encoding="utf-8"))
@@ -105,7 +106,7 @@ def data_files() -> list[str]:
     files = [f"{stem}.{lang}" for stem in dict.fromkeys(stems) for lang in langs]
     mbert = yaml.safe_load((ROOT / "configs/tokenizer/mbert.yaml").read_text(encoding="utf-8"))
     vocab = mbert["vocab_file"].rsplit("}/", 1)[-1]  # after ${oc.env:POSENC_DATA,...}/
-    return [*files, vocab, "SOURCES.md"]
+    return [*files, vocab]
 
 
 def _run(command: list[str]) -> None:
@@ -154,7 +155,7 @@ def copy_data(source: Path, target: Path) -> None:
     for name in data_files():
         path = target / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        if name.endswith((".md", ".txt")):
+        if name.endswith(".txt"):
             shutil.copyfile(source / name, path)
             continue
         packed = path.with_name(path.name + ".gz")
@@ -198,6 +199,16 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
+def data_folder(given: Path | None) -> Path:
+    """``given``, else the local mix posenc reads by default (``POSENC_DATA``, else fetched into
+    its cache): posenc is imported only then, by the ``.venv`` python that builds."""
+    if given is not None:
+        return given
+    from posenc.data.fetch import local_data_dir
+
+    return local_data_dir()
+
+
 def build(args: argparse.Namespace) -> int:
     out = args.out.resolve()
     try:
@@ -209,7 +220,7 @@ def build(args: argparse.Namespace) -> int:
     if problems:
         print("the wheel folder is incomplete:", "; ".join(problems))
         return 1
-    copy_data(args.data.resolve(), out / "data")
+    copy_data(data_folder(args.data).resolve(), out / "data")
     wheels = sorted((out / "wheels").glob("*.whl"))
     manifest = {
         "python": PYTHON_VERSION,
@@ -250,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     make = sub.add_parser("build", help="download the wheels, copy the data, print the sizes")
-    make.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    make.add_argument(
+        "--data", type=Path, default=None, help="default: POSENC_DATA, else the fetched mix"
+    )
     make.add_argument("--out", type=Path, default=BUNDLE)
     make.add_argument("--python", default=sys.executable, help="whose pip downloads")
     make.set_defaults(run=build)

@@ -190,6 +190,13 @@ def _tidy(cache: Path, lock: Path, made: bool) -> None:
             cache.rmdir()
 
 
+def local_data_dir() -> Path:
+    """The local mix a script reads when it is given no folder: ``POSENC_DATA`` when set, else
+    :func:`local_mix` in the default cache (fetched there unless complete)."""
+    named = os.environ.get("POSENC_DATA")
+    return Path(named).expanduser() if named else local_mix(default_target().parent)
+
+
 def use_local_mix(cfg: DictConfig) -> None:
     """Give ``data=local`` without ``data.dir`` (nor ``POSENC_DATA``) the local mix in
     ``CACHE_DIR/data`` (:func:`local_mix`), so the run's config records the folder it read."""
