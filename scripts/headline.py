@@ -23,7 +23,6 @@ from posenc.analysis.headline import (
     loss_table,
     plot_headline,
     plot_loss_headline,
-    validation_losses,
 )
 from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.runs import ReportError, group_runs, load_run, split_entries
@@ -41,26 +40,10 @@ def main() -> int:
         "--baseline", default=reference_encoding(), help="default: the reference encoding"
     )
     parser.add_argument("--splits", default="tatoeba-clean,test,europarl")
-    parser.add_argument(
-        "--loss-step",
-        action="append",
-        default=[],
-        help="LABEL=STEP: that sweep's validation losses at STEP (every run validated there), "
-        "not each run's best: runs trained to different lengths compared at equal steps",
-    )
     parser.add_argument("--bootstrap", type=int, default=1000, help="resampled test sets")
     parser.add_argument("--out", type=Path, required=True, help="folder for headline.md, PNGs")
     args = parser.parse_args()
     splits = args.splits.split(",")
-    labels = [item.partition("=")[0] for item in args.sweep]
-    loss_steps = {}
-    for item in args.loss_step:
-        label, _, step = item.rpartition("=")
-        if label not in labels or not step.isdigit():
-            sys.exit(
-                f"headline: --loss-step {item!r} is not LABEL=STEP with LABEL one of --sweep's"
-            )
-        loss_steps[label] = int(step)
     systems = split_labels(args.systems)
     if len(systems) > MAX_SYSTEMS:
         sys.exit(
@@ -76,7 +59,14 @@ def main() -> int:
             if not runs:
                 sys.exit(f"headline: no run under {path}")
             groups = group_runs(runs)
-            losses[label] = validation_losses(groups, loss_steps.get(label))
+            losses[label] = {
+                g.label: {
+                    r.seed: float(r.train["best_valid_loss"])
+                    for r in g.runs
+                    if r.train.get("best_valid_loss") is not None
+                }
+                for g in groups
+            }
             bases = [s.removesuffix(SUFFIX) for s in splits if s.endswith(SUFFIX)]
             clean = clean_entries(groups, bases, Path(scratch) / label)
             sweeps[label] = {
@@ -105,7 +95,7 @@ def main() -> int:
     lines += [
         "## validation loss",
         "",
-        *loss_table(loss_cells, args.baseline, loss_steps),
+        *loss_table(loss_cells, args.baseline),
         "",
         "![validation loss](headline_loss.png)",
         "",

@@ -289,13 +289,13 @@ def test_a_checkpoint_holds_tensors_and_plain_values_only(tmp_path):
 
 
 def test_a_nan_loss_before_any_checkpoint_says_so(tmp_path, monkeypatch):
-    real_loss = train_module.token_loss
+    real_loss = train_module.summed_losses
 
     def nan_loss(*args, **kwargs):
-        loss, nll, n = real_loss(*args, **kwargs)
-        return loss * float("nan"), nll, n
+        loss, nll = real_loss(*args, **kwargs)
+        return loss * float("nan"), nll
 
-    monkeypatch.setattr(train_module, "token_loss", nan_loss)
+    monkeypatch.setattr(train_module, "summed_losses", nan_loss)
     with pytest.raises(SystemExit):
         run(compose(*OVERRIDES, "trainer.max_steps=4"), tmp_path)
     assert failure(tmp_path) == (
@@ -305,15 +305,15 @@ def test_a_nan_loss_before_any_checkpoint_says_so(tmp_path, monkeypatch):
 
 
 def test_a_nan_loss_after_a_checkpoint_names_the_step_and_the_checkpoint(tmp_path, monkeypatch):
-    real_loss = train_module.token_loss
+    real_loss = train_module.summed_losses
     calls = {"n": 0}
 
     def nan_from_step_3(*args, **kwargs):
-        loss, nll, n = real_loss(*args, **kwargs)
+        loss, nll = real_loss(*args, **kwargs)
         calls["n"] += torch.is_grad_enabled()  # training batches only
-        return (loss * float("nan") if calls["n"] >= 3 else loss), nll, n
+        return (loss * float("nan") if calls["n"] >= 3 else loss), nll
 
-    monkeypatch.setattr(train_module, "token_loss", nan_from_step_3)
+    monkeypatch.setattr(train_module, "summed_losses", nan_from_step_3)
     with pytest.raises(SystemExit):
         run(compose(*OVERRIDES, "trainer.max_steps=4"), tmp_path)
     message = failure(tmp_path)

@@ -112,15 +112,15 @@ def test_rerunning_a_finished_run_does_nothing_new(tmp_path):
 
 
 def test_a_nan_loss_stops_the_run_with_the_step_and_keeps_the_checkpoint(tmp_path, monkeypatch):
-    real_loss = train_module.token_loss
+    real_loss = train_module.summed_losses
     calls = {"n": 0}
 
     def nan_after_four(*args, **kwargs):
-        loss, nll, n = real_loss(*args, **kwargs)
+        loss, nll = real_loss(*args, **kwargs)
         calls["n"] += torch.is_grad_enabled()  # count training batches, not validation
-        return (loss * float("nan") if calls["n"] > 4 else loss), nll, n
+        return (loss * float("nan") if calls["n"] > 4 else loss), nll
 
-    monkeypatch.setattr(train_module, "token_loss", nan_after_four)
+    monkeypatch.setattr(train_module, "summed_losses", nan_after_four)
     cfg = compose(*SMOKE, "pe=nonepe", "trainer.max_steps=10", "trainer.valid_every=2")
     with pytest.raises(SystemExit):
         run(cfg, tmp_path)
@@ -130,19 +130,18 @@ def test_a_nan_loss_stops_the_run_with_the_step_and_keeps_the_checkpoint(tmp_pat
 
 
 def test_nan_policy_skip_skips_bad_batches(tmp_path, monkeypatch):
-    real_loss = train_module.token_loss
+    real_loss = train_module.summed_losses
     calls = {"n": 0}
 
     def one_nan(*args, **kwargs):
-        loss, nll, n = real_loss(*args, **kwargs)
+        loss, nll = real_loss(*args, **kwargs)
         calls["n"] += torch.is_grad_enabled()
         return (
             (loss * float("nan") if calls["n"] == 3 and torch.is_grad_enabled() else loss),
             nll,
-            n,
         )
 
-    monkeypatch.setattr(train_module, "token_loss", one_nan)
+    monkeypatch.setattr(train_module, "summed_losses", one_nan)
     cfg = compose(
         *SMOKE, "pe=nonepe", "trainer.max_steps=6", "trainer.nan_policy=skip", "eval.enabled=false"
     )

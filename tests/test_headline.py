@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from conftest import ROOT
 from conftest import scored_entry as entry
@@ -21,10 +20,8 @@ from posenc.analysis.headline import (
     loss_table,
     plot_headline,
     plot_loss_headline,
-    validation_losses,
 )
 from posenc.analysis.report.findings import NOISE, ONE_SEED, UNINFORMATIVE
-from posenc.analysis.report.runs import Group, Run
 
 
 def sweep(tmp_path, depth: str, systems: dict[str, int], seeds=(0, 1, 2)) -> dict:
@@ -123,27 +120,6 @@ def test_validation_loss_is_judged_over_the_seeds_lower_being_ahead():
     assert at["3 layers", "t5"] == "-"
     table = "\n".join(loss_table(cells, "nonepe"))
     assert "| rope | -0.500 [" in table and "ahead" in table
-
-
-def test_runs_of_different_lengths_are_compared_at_one_step_when_asked():
-    """A run trained past the others is read where they all validated, not at its best."""
-
-    def run(seed: int, steps: list[int], losses: list[float]) -> Run:
-        found = Run(f"rope,seed={seed}", ROOT, {"pe.name": "rope", "seed": seed})
-        found.train = {"best_valid_loss": min(losses)}
-        found.curves = {"steps": (np.array(steps, dtype=float), np.array(losses))}
-        return found
-
-    longer = run(0, [500, 1000, 1500], [4.0, 3.5, 3.2])
-    equal = run(1, [500, 1000], [4.1, 3.6])
-    unvalidated = run(2, [500], [4.2])
-    group = Group("rope", "rope", "", [longer, equal, unvalidated])
-    assert validation_losses([group]) == {"rope": {0: 3.2, 1: 3.6, 2: 4.2}}
-    assert validation_losses([group], at_step=1000) == {"rope": {0: 3.5, 1: 3.6}}
-    cells = loss_headline({"6+6": {"rope": {0: 3.5, 1: 3.6}}}, ["rope"], "rope")
-    assert loss_table(cells, "rope", {"6+6": 1000})[-1] == (
-        "At 6+6: the validation loss at step 1,000, not the best."
-    )
 
 
 @pytest.mark.parametrize(

@@ -44,31 +44,31 @@ def saved_step(path: Path) -> int:
 def nan_training_losses(monkeypatch, is_nan, give_up_after: int = 60) -> None:
     """The training loss of the n-th batch (from 1) is NaN where ``is_nan(n)``; a run that
     asks for more than ``give_up_after`` batches fails the test instead of running forever."""
-    real_loss = train_module.token_loss
+    real_loss = train_module.summed_losses
     batches = iter(range(1, give_up_after + 1))
 
     def loss(*args, **kwargs):
-        value, nll, n = real_loss(*args, **kwargs)
+        value, nll = real_loss(*args, **kwargs)
         batch = next(batches, None)
         assert batch is not None, f"still training after {give_up_after} batches"
-        return (value * NAN if is_nan(batch) else value), nll, n
+        return (value * NAN if is_nan(batch) else value), nll
 
-    monkeypatch.setattr(train_module, "token_loss", loss)
+    monkeypatch.setattr(train_module, "summed_losses", loss)
 
 
 def nan_gradients(monkeypatch, is_nan) -> None:
     """The training loss of the n-th batch (from 1) stays finite, but the gradient flowing back
     from it is NaN where ``is_nan(n)``: a kernel's backward gone wrong."""
-    real_loss = train_module.token_loss
+    real_loss = train_module.summed_losses
     batches = iter(range(1, 61))
 
     def loss(*args, **kwargs):
-        value, nll, n = real_loss(*args, **kwargs)
+        value, nll = real_loss(*args, **kwargs)
         if torch.is_grad_enabled() and is_nan(next(batches)):
             value.register_hook(lambda grad: grad * NAN)
-        return value, nll, n
+        return value, nll
 
-    monkeypatch.setattr(train_module, "token_loss", loss)
+    monkeypatch.setattr(train_module, "summed_losses", loss)
 
 
 def validation_losses(monkeypatch, *losses: float) -> None:
@@ -145,11 +145,11 @@ def test_the_warning_names_only_the_parameters_whose_gradients_are_not_finite(
 ):
     """Read before clipping, which would scale every gradient by the NaN norm: a NaN born in
     one parameter's gradient is named there alone."""
-    real_loss = train_module.token_loss
+    real_loss = train_module.summed_losses
     batches = iter(range(1, 61))
 
     def loss(model, *args, **kwargs):
-        value, nll, n = real_loss(model, *args, **kwargs)
+        value, nll = real_loss(model, *args, **kwargs)
         if torch.is_grad_enabled() and next(batches) == 3:
             name, parameter = next(iter(model.named_parameters()))
             handle = None
@@ -160,10 +160,10 @@ def test_the_warning_names_only_the_parameters_whose_gradients_are_not_finite(
 
             handle = parameter.register_hook(poison)
             poisoned.append(name)
-        return value, nll, n
+        return value, nll
 
     poisoned: list[str] = []
-    monkeypatch.setattr(train_module, "token_loss", loss)
+    monkeypatch.setattr(train_module, "summed_losses", loss)
     with caplog.at_level(logging.WARNING, logger="posenc.training.loop"):
         run(compose(*OVERRIDES, "trainer.nan_policy=skip", "trainer.max_steps=4"), tmp_path)
     said = [r.getMessage() for r in caplog.records if "not finite in" in r.getMessage()]

@@ -27,7 +27,7 @@ from posenc.analysis.report.findings import (
     judge_pair,
 )
 from posenc.analysis.report.render import new_figure
-from posenc.analysis.report.runs import Entry, Group, Run
+from posenc.analysis.report.runs import Entry
 from posenc.runtime.figures import save_figure
 
 #: the most systems one figure draws (more would not be read)
@@ -40,8 +40,7 @@ LABELS = {"bleu": "BLEU", "chrf": "chrF", "loss": "validation loss"}
 Systems = Mapping[str, Sequence[Entry]]
 """A split's systems: name -> entries (one per run)."""
 Losses = Mapping[str, Mapping[int, float]]
-"""A sweep's validation losses: system -> {training seed: validation loss} (each run's best, or
-its loss at one step: :func:`validation_losses`)."""
+"""A sweep's validation losses: system -> {training seed: best validation loss}."""
 
 #: a finding against the baseline, by the direction of the difference
 FINDINGS = ("ahead", "behind")
@@ -89,26 +88,6 @@ class LossCell:
         if self.p_holm is None or self.p_holm >= ALPHA:
             return NOISE
         return "ahead" if self.comparison.difference < 0 else "behind"
-
-
-def run_loss(run: Run, at_step: int | None = None) -> float | None:
-    """``run``'s best validation loss, or (``at_step``) the validation loss it logged at that
-    step; None when it has none there."""
-    if at_step is None:
-        best = run.train.get("best_valid_loss")
-        return None if best is None else float(best)
-    steps, values = run.curves.get("steps", ((), ()))
-    at = [float(v) for s, v in zip(steps, values, strict=True) if int(s) == at_step]
-    return at[-1] if at else None
-
-
-def validation_losses(groups: Sequence[Group], at_step: int | None = None) -> dict:
-    """The :data:`Losses` of a sweep's groups: :func:`run_loss` of every run that has one."""
-    losses: dict[str, dict[int, float]] = {}
-    for group in groups:
-        found = {run.seed: run_loss(run, at_step) for run in group.runs}
-        losses[group.label] = {seed: loss for seed, loss in found.items() if loss is not None}
-    return losses
 
 
 def headline(
@@ -226,12 +205,9 @@ def headline_table(cells: Sequence[Cell], metric: str, baseline: str) -> list[st
     return lines
 
 
-def loss_table(
-    cells: Sequence[LossCell], baseline: str, at_steps: Mapping[str, int] | None = None
-) -> list[str]:
+def loss_table(cells: Sequence[LossCell], baseline: str) -> list[str]:
     """Markdown: one row per system, one column per depth: the difference from ``baseline`` in
-    best validation loss (nats), or at the step ``at_steps`` gives that depth, with its
-    interval and the verdict."""
+    best validation loss (nats) with its interval and the verdict."""
     depths = list(dict.fromkeys(c.depth for c in cells))
     at = {(c.depth, c.system): c for c in cells}
     lines = ["| system | " + " | ".join(depths) + " |", "|---|" + "---|" * len(depths)]
@@ -250,8 +226,6 @@ def loss_table(
         f"{baseline}'s, its 95% interval (the seeds as noise) and the verdict (ahead: lower "
         "loss); a depth's cells are one family under Holm's correction.",
     ]
-    for depth, step in (at_steps or {}).items():
-        lines.append(f"At {depth}: the validation loss at step {step:,}, not the best.")
     return lines
 
 

@@ -26,15 +26,14 @@ import tempfile
 from pathlib import Path
 
 from filelock import FileLock
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from posenc.config import CONFIG_DIR
 from posenc.data.cleaning import RECIPES, CleaningError
 from posenc.data.corpus import DataError
 from posenc.data.sources import GITHUB_RAW, ORIGINALS, PRODUCTS
 
 MIRROR_ENV = "POSENC_DATA_MIRROR"
-CACHE_ENV = "POSENC_CACHE"
-DEFAULT_CACHE = "~/.cache/posenc"
 MARKER = ".posenc-data.json"
 """Written last into a folder this module built: what it holds and where it came from."""
 RETRIES = 2
@@ -45,8 +44,10 @@ class DataFetchError(DataError):
 
 
 def default_target() -> Path:
-    """``$POSENC_CACHE/data`` (``~/.cache/posenc/data`` when the variable is unset)."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser() / "data"
+    """``CACHE_DIR/data`` with ``train.yaml``'s default ``cache_dir`` (``$POSENC_CACHE``, else
+    ``~/.cache/posenc``), where a run looks."""
+    cache_dir = OmegaConf.load(CONFIG_DIR / "train.yaml").cache_dir
+    return Path(cache_dir).expanduser() / "data"
 
 
 def base_url(mirror: str | None = None) -> str:

@@ -36,7 +36,7 @@ from posenc.runtime.version import code_version
 from posenc.training import advice
 from posenc.training.advice import TrainingError
 from posenc.training.interrupt import StopRequests, TrainingInterrupted, resume_command
-from posenc.training.losses import token_loss
+from posenc.training.losses import summed_losses
 from posenc.training.setup import Training, set_up
 from posenc.training.start import (
     Start,
@@ -159,7 +159,9 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
         )
         for indices in group
     ]
-    local_tokens = sum(int(batch[2].ne(pad_id).sum()) for batch in micro)
+    # each pair's target ids and its EOS (collate's tgt_out), counted on the host: no device
+    # round trip before the forward pass
+    local_tokens = sum(len(run.data.train.tgt[i]) + 1 for indices in group for i in indices)
     n_tokens = int(distributed.all_reduce([local_tokens], device)[0])
     run.optimizer.zero_grad(set_to_none=True)
     loss_sum = nll_sum = 0.0
@@ -170,7 +172,7 @@ def take_step(run: Training, group: list[list[int]]) -> bool:
             with torch.autocast(
                 device.type, dtype=run.amp or torch.float32, enabled=run.amp is not None
             ):
-                loss, nll, _ = token_loss(run.trained, batch, pad_id, trainer.label_smoothing)
+                loss, nll = summed_losses(run.trained, batch, pad_id, trainer.label_smoothing)
             if state.step % trainer.log_every == 0:  # activations are alive: near the peak
                 now = memory_mb(device)
                 state.peak_memory_mb = max(state.peak_memory_mb, now)

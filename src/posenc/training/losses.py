@@ -65,14 +65,6 @@ def summed_losses(
     )
 
 
-def token_loss(
-    model: Seq2Seq, batch: tuple[torch.Tensor, ...], pad_id: int, smoothing: float
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """:func:`summed_losses` and the number of target tokens of the batch."""
-    loss, nll = summed_losses(model, batch, pad_id, smoothing)
-    return loss, nll, int(batch[2].ne(pad_id).sum())
-
-
 @torch.no_grad()
 def sentence_losses(
     model: Seq2Seq,

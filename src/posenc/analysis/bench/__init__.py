@@ -10,7 +10,7 @@ same repetitions; their models in :mod:`.peer_models` and :mod:`.seed_model`).
 What is timed, per encoding (every ``configs/pe/*.yaml``, or a subset) and length ``L``:
 
 * **train**: one optimizer step of the training loop — forward, label-smoothed cross-entropy
-  (:func:`posenc.training.losses.token_loss`), backward, gradient clipping and AdamW
+  (:func:`posenc.training.losses.summed_losses`), backward, gradient clipping and AdamW
   (:func:`posenc.training.optim.make_optimizer`), with the settings of
   ``configs/trainer/default.yaml``,
   dropout as in the model config (training mode), on ``tokens // L`` pairs of ``L`` source and

@@ -87,25 +87,27 @@ class ShawRule(AttentionRule):
         nn.init.xavier_uniform_(self.value_table)
 
     def _scores(self, q: Tensor, k: Tensor, table: Tensor) -> Tensor:
-        """Logits ``(B, H, Lq, Lk)``: ``(q k^T + (q a^K^T) P^T) / sqrt(D)``."""
+        """Logits ``(B, H, Lq, Lk)``: ``(q k^T + (q a^K^T) P^T) / sqrt(D)``, ``table`` being
+        ``P`` in ``q``'s dtype."""
         q = q * (1.0 / math.sqrt(q.shape[-1]))
         per_distance = q @ self.key_table.to(q.dtype).T  # (B, H, Lq, R)
-        relative = torch.einsum("bhir,ijr->bhij", per_distance, table.to(q.dtype))
+        relative = torch.einsum("bhir,ijr->bhij", per_distance, table)
         return q @ k.transpose(-1, -2) + relative
 
     def weights(
         self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
-        return masked_softmax(self._scores(q, k, call.context), call)
+        return masked_softmax(self._scores(q, k, call.context.to(q.dtype)), call)
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
-        weights = self.weights(q, k, key_state, call)
+        table = call.context.to(q.dtype)  # once for both terms
+        weights = masked_softmax(self._scores(q, k, table), call)
         if call.dropout_p > 0:
             weights = F.dropout(weights, p=call.dropout_p)
         # bucket masses (B, H, Lq, R): the weights summed per distance
-        mass = torch.einsum("bhij,ijr->bhir", weights, call.context.to(weights.dtype))
+        mass = torch.einsum("bhij,ijr->bhir", weights, table)
         return weights @ v + mass @ self.value_table.to(weights.dtype)
 
 
