@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 if TYPE_CHECKING:
     from posenc.model.positions import PositionAugmentation
@@ -105,6 +106,44 @@ def additive_mask(bias: Tensor | None, call: AttentionCall, dtype: torch.dtype) 
     if allowed is not None:
         bias = bias.masked_fill(~allowed, float("-inf"))
     return bias
+
+
+#: The SDPA kernels an attention with an additive mask (a position bias) may use when a backward
+#: pass follows on a GPU: all but cuDNN's. With a mask, cuDNN's backward on H100/H200 (torch 2.11
+#: on) returns NaN in the query gradient when a row's log-sum-exp is below -88.7 (its exp(-lse)
+#: overflows float32) and the key length is 64 modulo 128 (pytorch/pytorch#196678): a bias
+#: reaches that (ALiBi's padded encoder rows far from every real key: docs/METHODS.md, §9); a bool
+#: mask alone needs scores that large, and keeps cuDNN's kernels.
+BIASED_BACKWARD_KERNELS = [
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
+
+
+def sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    scale: float | None,
+    is_causal: bool = False,
+) -> Tensor:
+    """:func:`~torch.nn.functional.scaled_dot_product_attention` of ``q (B, H, Lq, D)``,
+    ``k (B, H, Lk, D)``, ``v (B, H, Lk, Dv)`` with ``mask (B|1, H|1, Lq, Lk)`` (bool, or
+    additive), ``(B, H, Lq, Dv)``; an additive mask on a GPU whose backward will run is held to
+    :data:`BIASED_BACKWARD_KERNELS`."""
+    biased = mask is not None and mask.dtype != torch.bool
+    needs_backward = q.requires_grad or k.requires_grad or v.requires_grad
+    if not (biased and q.is_cuda and needs_backward):
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
+    with sdpa_kernel(BIASED_BACKWARD_KERNELS):
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:
@@ -222,13 +261,8 @@ class AttentionRule(EncodingModule):
         """Attention output ``(B, H, Lq, D)`` from ``q (B, H, Lq, D)``, ``k, v (B, H, Lk, D)``."""
         bias, scale = self.bias(q, k, key_state, call), self.score_scale(q)
         if bias is None and call.sdpa_is_causal:
-            return F.scaled_dot_product_attention(
-                q, k, v, dropout_p=call.dropout_p, is_causal=True, scale=scale
-            )
-        mask = additive_mask(bias, call, q.dtype)
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=call.dropout_p, scale=scale
-        )
+            return sdpa(q, k, v, None, call.dropout_p, scale, is_causal=True)
+        return sdpa(q, k, v, additive_mask(bias, call, q.dtype), call.dropout_p, scale)
 
 
 class StackEncoding(EncodingModule):

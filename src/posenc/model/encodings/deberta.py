@@ -68,7 +68,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.model.encodings.base import (
@@ -78,6 +77,7 @@ from posenc.model.encodings.base import (
     StackEncoding,
     additive_mask,
     masked_softmax,
+    sdpa,
 )
 from posenc.model.encodings.common import gather_rows, used_rows
 
@@ -166,9 +166,7 @@ class DisentangledRule(AttentionRule):
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         mask = additive_mask(self.bias(q, k, key_state, call), call, q.dtype)
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=call.dropout_p, scale=self.scale(q)
-        )
+        return sdpa(q, k, v, mask, call.dropout_p, self.scale(q))
 
 
 class DeBERTaEncoding(StackEncoding):

@@ -51,6 +51,7 @@ from posenc.model.encodings.base import (
     Site,
     StackEncoding,
     compute_dtype,
+    sdpa,
 )
 
 
@@ -139,15 +140,7 @@ def _decay_attention(
         keys, values = k_before, v
         is_causal = call.sdpa_is_causal
         mask = None if is_causal else call.allowed()
-    out = F.scaled_dot_product_attention(
-        q_aug,
-        keys,
-        F.pad(values, (0, 2)),
-        attn_mask=mask,
-        dropout_p=call.dropout_p,
-        is_causal=is_causal,
-        scale=1.0,
-    )
+    out = sdpa(q_aug, keys, F.pad(values, (0, 2)), mask, call.dropout_p, 1.0, is_causal)
     return out[..., :dim]
 
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.model.encodings.base import (
@@ -57,6 +56,7 @@ from posenc.model.encodings.base import (
     StackEncoding,
     additive_mask,
     masked_softmax,
+    sdpa,
 )
 from posenc.model.encodings.common import relative_position_bucket
 
@@ -83,9 +83,7 @@ class UntiedRule(AttentionRule):
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         mask = additive_mask(call.context, call, q.dtype)
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=call.dropout_p, scale=self.scale(q)
-        )
+        return sdpa(q, k, v, mask, call.dropout_p, self.scale(q))
 
 
 class TupeEncoding(StackEncoding):
