@@ -4,7 +4,9 @@ second.
 
 Usage: ``python scripts/headline.py --sweep "1+1 layers=outputs/sweeps/compare" --sweep
 "3+3 layers=outputs/sweeps/scaling" --systems sinpe,rpe,rope [--baseline NAME] --splits
-tatoeba-clean,test,europarl --out docs/study/headline``; see :mod:`posenc.analysis.headline`.
+tatoeba-clean,test,europarl --out docs/study/headline [--plan docs/study/plans/NAME.yaml --family
+NAME]``; see :mod:`posenc.analysis.headline`. Without a plan's family the page says its verdicts
+are exploratory (:mod:`posenc.analysis.plan`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from posenc.analysis.headline import (
     plot_headline,
     plot_loss_headline,
 )
+from posenc.analysis.plan import PlanError, load_plan, provenance
 from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.runs import ReportError, group_runs, load_run, split_entries
 from posenc.config import reference_encoding
@@ -42,7 +45,13 @@ def main() -> int:
     parser.add_argument("--splits", default="tatoeba-clean,test,europarl")
     parser.add_argument("--bootstrap", type=int, default=1000, help="resampled test sets")
     parser.add_argument("--out", type=Path, required=True, help="folder for headline.md, PNGs")
+    parser.add_argument("--plan", type=Path, help="the analysis plan (YAML) declaring the family")
+    parser.add_argument("--family", help="the plan's family these comparisons are")
     args = parser.parse_args()
+    try:
+        plan = load_plan(args.plan) if args.plan else None
+    except PlanError as err:
+        sys.exit(f"headline: {err}")
     splits = args.splits.split(",")
     systems = split_labels(args.systems)
     if len(systems) > MAX_SYSTEMS:
@@ -74,12 +83,16 @@ def main() -> int:
                 for s in splits
             }
         try:
-            cells = headline(sweeps, systems, args.baseline, args.bootstrap)
+            margins = plan.margins if plan else None
+            cells = headline(sweeps, systems, args.baseline, args.bootstrap, margins)
         except ReportError as err:
             sys.exit(f"headline: {err}")
-    loss_cells = loss_headline(losses, systems, args.baseline)
+    loss_cells = loss_headline(
+        losses, systems, args.baseline, plan.margins.get("valid_loss") if plan else None
+    )
     args.out.mkdir(parents=True, exist_ok=True)
-    lines = ["# Headline: each system against " + args.baseline, ""]
+    title = "# Headline: each system against " + args.baseline
+    lines = [title, "", provenance(plan, args.family), ""]
     for metric in ("bleu", "chrf"):
         name = f"headline_{metric}.png"
         plot_headline(cells, metric, args.baseline, args.out / name)

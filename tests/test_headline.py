@@ -21,7 +21,13 @@ from posenc.analysis.headline import (
     plot_headline,
     plot_loss_headline,
 )
-from posenc.analysis.report.findings import NOISE, ONE_SEED, UNINFORMATIVE
+from posenc.analysis.report.findings import (
+    EQUIVALENT,
+    NOISE,
+    NOT_RESOLVED,
+    ONE_SEED,
+    UNINFORMATIVE,
+)
 
 
 def sweep(tmp_path, depth: str, systems: dict[str, int], seeds=(0, 1, 2)) -> dict:
@@ -120,6 +126,32 @@ def test_validation_loss_is_judged_over_the_seeds_lower_being_ahead():
     assert at["3 layers", "t5"] == "-"
     table = "\n".join(loss_table(cells, "nonepe"))
     assert "| rope | -0.500 [" in table and "ahead" in table
+
+
+def test_with_a_plans_margins_no_finding_is_equivalent_or_not_resolved(tmp_path):
+    """Two one-sided tests within the plan's margins decide what "within noise" would leave
+    open: a system scoring as the baseline does on every seed is equivalent, one whose seeds
+    scatter widely is not resolved."""
+    split = sweep(tmp_path, "one", {"nonepe": 4, "same": 4, "rope": 9})
+    margins = {"bleu": 1.0, "chrf": 1.0}
+    cells = {c.system: c for c in headline({"d": split}, ["same", "rope"], "nonepe", 200, margins)}
+    assert cells["same"].verdict() == EQUIVALENT
+    assert cells["rope"].verdict() in ("ahead", "behind", NOT_RESOLVED)
+    plain = {c.system: c for c in headline({"d": split}, ["same"], "nonepe", 200)}
+    assert plain["same"].verdict() == NOISE  # without margins nothing is called equivalent
+    losses = {
+        "d": {
+            "nonepe": {0: 5.00, 1: 5.02, 2: 4.98},
+            "close": {0: 5.005, 1: 5.015, 2: 4.985},  # within 0.05 nats on every seed
+            "wide": {0: 4.6, 1: 5.4, 2: 5.0},  # its seeds allow a difference of 0.5 nats
+        }
+    }
+    judged = {
+        c.system: c.verdict() for c in loss_headline(losses, ["close", "wide"], "nonepe", 0.05)
+    }
+    assert judged == {"close": EQUIVALENT, "wide": NOT_RESOLVED}
+    unjudged = {c.system: c.verdict() for c in loss_headline(losses, ["close"], "nonepe")}
+    assert unjudged == {"close": NOISE}
 
 
 @pytest.mark.parametrize(

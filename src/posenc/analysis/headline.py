@@ -15,9 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from posenc.analysis.decision import ALPHA, Comparison, compare_scores, holm
+from posenc.analysis.decision import ALPHA, Comparison, compare_scores, equivalence, holm
 from posenc.analysis.report.findings import (
+    EQUIVALENT,
     NOISE,
+    NOT_RESOLVED,
     ONE_SEED,
     UNINFORMATIVE,
     WORSE,
@@ -78,15 +80,21 @@ class LossCell:
     system: str
     comparison: Comparison | None
     p_holm: float | None = None
+    p_equivalence: float | None = None
+    margin: float | None = None
 
     def verdict(self) -> str:
-        """``ahead`` (lower loss) or ``behind`` for a finding, else why not."""
+        """``ahead`` (lower loss) or ``behind`` for a finding, else why not (with a margin:
+        equivalent within it, or not resolved)."""
         if self.comparison is None:
             return "-"
         if self.comparison.p is None:
             return ONE_SEED
         if self.p_holm is None or self.p_holm >= ALPHA:
-            return NOISE
+            if self.margin is None:
+                return NOISE
+            shown = self.p_equivalence is not None and self.p_equivalence < ALPHA
+            return EQUIVALENT if shown else NOT_RESOLVED
         return "ahead" if self.comparison.difference < 0 else "behind"
 
 
@@ -95,9 +103,11 @@ def headline(
     systems: Sequence[str],
     baseline: str,
     samples: int = 1000,
+    margins: Mapping[str, float] | None = None,
 ) -> list[Cell]:
     """Every system of ``systems`` against ``baseline`` in every sweep (``depth label ->
-    split -> systems``) and split, each depth's cells (every split and metric) one family."""
+    split -> systems``) and split, each depth's cells (every split and metric) one family;
+    with a plan's ``margins`` (by metric) also tested for equivalence within them."""
     cache = StatisticsCache()
     cells = []
     for depth, splits in sweeps.items():
@@ -108,17 +118,21 @@ def headline(
                 if system in found and baseline in found:
                     judgement = judge_pair(found[system], found[baseline], samples, cache)
                 family.append(Cell(depth, split, system, judgement))
-        judge_family([c.judgement for c in family if c.judgement is not None])
+        judge_family([c.judgement for c in family if c.judgement is not None], margins)
         cells += family
     return cells
 
 
 def loss_headline(
-    losses: Mapping[str, Losses], systems: Sequence[str], baseline: str
+    losses: Mapping[str, Losses],
+    systems: Sequence[str],
+    baseline: str,
+    margin: float | None = None,
 ) -> list[LossCell]:
     """Every system of ``systems`` against ``baseline`` on validation loss in every sweep
     (``depth label -> losses``), each depth's tested cells one family under Holm's
-    correction."""
+    correction; with a ``margin`` (nats) also tested for equivalence within it (two one-sided
+    tests, Holm over the family)."""
     cells = []
     for depth, found in losses.items():
         family = []
@@ -126,7 +140,7 @@ def loss_headline(
             comparison = None
             if found.get(system) and found.get(baseline):
                 comparison = compare_scores(found[system], found[baseline])
-            family.append(LossCell(depth, system, comparison))
+            family.append(LossCell(depth, system, comparison, margin=margin))
         tested = {
             i: c.comparison.p
             for i, c in enumerate(family)
@@ -134,6 +148,10 @@ def loss_headline(
         }
         for i, p in holm(tested).items():
             family[i].p_holm = p
+        if margin is not None:
+            shown = {i: equivalence(family[i].comparison, margin) for i in tested}
+            for i, p in holm({i: p for i, p in shown.items() if p is not None}).items():
+                family[i].p_equivalence = p
         cells += family
     return cells
 

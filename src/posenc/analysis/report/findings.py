@@ -9,7 +9,7 @@ agreeing. Each comparison also says how many seeds per system would find its dif
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from posenc.analysis.decision import (
     ALPHA,
     Comparison,
     compare_scores,
+    equivalence,
     holm,
     loop_share,
     seeds_for_power,
@@ -42,8 +43,23 @@ ONLY_CHRF = "only chrF significant"
 OPPOSITE = "BLEU and chrF point opposite ways"  #: both significant, in opposite directions
 ONE_SEED = "one seed only"  #: a side has one seed: its seed noise is unknown, nothing is tested
 NOISE = "within noise"
+#: with declared margins: no finding, and two one-sided tests on both metrics, corrected over the
+#: family, put each difference inside its margin
+EQUIVALENT = "equivalent within the margins"
+#: with declared margins: neither a finding nor shown equivalent within them
+NOT_RESOLVED = "not resolved"
 UNINFORMATIVE = "below the quality floor"
-VERDICTS = (WORSE, ONLY_BLEU, ONLY_CHRF, OPPOSITE, ONE_SEED, NOISE, UNINFORMATIVE)
+VERDICTS = (
+    WORSE,
+    ONLY_BLEU,
+    ONLY_CHRF,
+    OPPOSITE,
+    ONE_SEED,
+    EQUIVALENT,
+    NOT_RESOLVED,
+    NOISE,
+    UNINFORMATIVE,
+)
 
 
 class StatisticsCache:
@@ -88,14 +104,16 @@ class Judgement:
     """``first`` against ``second`` on one split: per metric the decision rule's
     :class:`~posenc.analysis.decision.Comparison` of ``first - second``; whether a side is below
     the quality floor, each side's mean share of looping translations; after
-    :func:`judge_family`, the Holm-adjusted p-values, the seeds that would find each tested
-    difference (None: not within :data:`~posenc.analysis.decision.MAX_SEEDS`; no entry for a
-    metric that was not tested) and the verdict."""
+    :func:`judge_family`, the Holm-adjusted p-values, with declared margins those of the
+    equivalence tests, the seeds that would find each tested difference (None: not within
+    :data:`~posenc.analysis.decision.MAX_SEEDS`; no entry for a metric that was not tested) and
+    the verdict."""
 
     comparisons: dict[str, Comparison]
     floor: bool
     loops: tuple[float, float]
     p_holm: dict[str, float | None] = field(default_factory=dict)
+    p_equivalence: dict[str, float | None] = field(default_factory=dict)
     seeds_needed: dict[str, int | None] = field(default_factory=dict)
     verdict: str = ""
 
@@ -160,13 +178,31 @@ def tested_p(judgements: Sequence[Judgement]) -> dict[tuple[int, str], float]:
     }
 
 
-def judge_family(judgements: Sequence[Judgement]) -> None:
+def judge_family(
+    judgements: Sequence[Judgement], margins: Mapping[str, float] | None = None
+) -> None:
     """Correct every p-value of ``judgements`` (:func:`tested_p`) at once with Holm's method,
-    then set each one's seeds for power (at the family's Bonferroni level) and verdict."""
+    then set each one's seeds for power (at the family's Bonferroni level) and verdict. With
+    ``margins`` for every metric (a plan's, :mod:`posenc.analysis.plan`), the tested
+    differences are also tested for equivalence within them (two one-sided tests, corrected
+    over the family with Holm's method), which decides :data:`EQUIVALENT` or
+    :data:`NOT_RESOLVED` where no finding is made."""
     tested = tested_p(judgements)
     adjusted = holm(tested)
+    use_margins = margins is not None and all(m in margins for m in METRICS)
+    adjusted_equivalence: dict[tuple[int, str], float] = {}
+    if use_margins:
+        equivalence_p = {
+            key: equivalence(judgements[key[0]].comparisons[key[1]], margins[key[1]])
+            for key in tested
+        }
+        adjusted_equivalence = holm({k: p for k, p in equivalence_p.items() if p is not None})
     for i, judgement in enumerate(judgements):
         judgement.p_holm = {m: adjusted.get((i, m)) for m in judgement.comparisons}
+        if use_margins:
+            judgement.p_equivalence = {
+                m: adjusted_equivalence.get((i, m)) for m in judgement.comparisons
+            }
         judgement.seeds_needed = {
             m: seeds_for_power(c, len(tested))
             for m, c in judgement.comparisons.items()
@@ -177,14 +213,18 @@ def judge_family(judgements: Sequence[Judgement]) -> None:
 
 def verdict(judgement: Judgement) -> str:
     """:data:`WORSE` when both metrics are significant after the correction and agree (the
-    caller names who leads), else the rule it failed (:data:`VERDICTS`)."""
+    caller names who leads), else the rule it failed (:data:`VERDICTS`); without a finding,
+    with equivalence tests, :data:`EQUIVALENT` when both metrics pass them."""
     if judgement.floor:
         return UNINFORMATIVE
     if any(p is None for p in (c.p for c in judgement.comparisons.values())):
         return ONE_SEED
     significant = {m: p is not None and p < ALPHA for m, p in judgement.p_holm.items()}
     if not any(significant.values()):
-        return NOISE
+        if not judgement.p_equivalence:
+            return NOISE
+        shown = all(p is not None and p < ALPHA for p in judgement.p_equivalence.values())
+        return EQUIVALENT if shown else NOT_RESOLVED
     if not significant["bleu"]:
         return ONLY_CHRF
     if not significant["chrf"]:

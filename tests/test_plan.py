@@ -1,0 +1,127 @@
+"""A study's analysis plan (:mod:`posenc.analysis.plan`): read and checked as untrusted input,
+recorded by the SHA-256 of its bytes, and the line every table of verdicts opens with, which
+calls a family exploratory unless a plan declared it before its runs."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from posenc.analysis.plan import BEFORE, PlanError, load_plan, provenance
+
+PLANS = ROOT / "docs" / "study" / "plans"
+
+GOOD = """\
+plan: toy
+declared: 2026-11-28
+baseline: nonepe
+margins: {bleu: 1.0, valid_loss: 0.05}
+families:
+  - name: main
+    contrast: system - baseline
+    metrics: [bleu, chrf]
+    tests: 6
+  - name: later
+    contrast: system - baseline
+    metrics: [valid_loss]
+    tests: 2
+    declared: after the results of main
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_plan_is_read_with_its_digest_families_and_margins(tmp_path):
+    path = write(tmp_path, GOOD)
+    plan = load_plan(path)
+    assert plan.name == "toy" and plan.declared == "2026-11-28" and plan.baseline == "nonepe"
+    assert plan.digest == hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    assert plan.margins == {"bleu": 1.0, "valid_loss": 0.05}
+    assert [f.name for f in plan.families] == ["main", "later"]
+    assert plan.tests == 8
+    assert plan.families_with_a_false_finding() == pytest.approx(0.10)
+    assert not plan.family("main").exploratory and plan.family("later").exploratory
+    path.write_text(GOOD.replace("tests: 6", "tests: 7"))
+    assert load_plan(path).digest != plan.digest  # one byte changed: another plan
+
+
+def test_the_opening_line_names_the_plan_or_says_exploratory(tmp_path):
+    plan = load_plan(write(tmp_path, GOOD))
+    declared = provenance(plan, "main")
+    assert declared == (
+        f"Family 'main' (6 tests) of plan `toy` (sha256 {plan.digest}), declared on "
+        f"2026-11-28 {BEFORE}."
+    )
+    assert provenance(plan, "later").startswith("**Exploratory**: Family 'later'")
+    assert "formed after the results of main" in provenance(plan, "later")
+    assert provenance(plan, "other").startswith("**Exploratory**: plan `toy`")
+    assert provenance(None, None).startswith("**Exploratory**")
+    assert provenance(plan, None).startswith("**Exploratory**")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("plan: toy", "plan: toy\nextra: 1"), "unknown key 'extra'"),
+        (("tests: 6", "tests: 0"), "'tests' must be at least 1"),
+        (("tests: 6", "tests: six"), "'tests' must be a int"),
+        (("bleu: 1.0", "bleu: -1"), "'margins' must map metrics to positive numbers"),
+        (("name: later", "name: main"), "two families share a name"),
+        (("metrics: [bleu, chrf]", "metrics: []"), "'metrics' must list metric names"),
+        (("declared: 2026-11-28\n", ""), "'declared' must give the date"),
+        (("    tests: 6\n", "    tests: 6\n    weight: 2\n"), "unknown key 'weight'"),
+    ],
+)
+def test_a_bad_plan_is_one_line_naming_the_key(tmp_path, change, message):
+    old, new = change
+    assert old in GOOD
+    with pytest.raises(PlanError, match=message) as caught:
+        load_plan(write(tmp_path, GOOD.replace(old, new, 1)))
+    assert "\n" not in str(caught.value) and "plan.yaml" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("- a\n- b\n", "must be a mapping"), ("plan: [\n", "not YAML"), ("", "must be a mapping")],
+)
+def test_what_is_not_a_plan_is_refused(tmp_path, text, message):
+    with pytest.raises(PlanError, match=message):
+        load_plan(write(tmp_path, text))
+    with pytest.raises(PlanError, match="cannot be read"):
+        load_plan(tmp_path / "absent.yaml")
+
+
+@pytest.mark.skipif(not PLANS.is_dir(), reason="docs/ set aside (a GPU machine's copy)")
+def test_every_declared_plan_of_the_study_reads():
+    plans = sorted(PLANS.glob("*.yaml"))
+    assert plans
+    for path in plans:
+        plan = load_plan(path)
+        assert plan.name == path.stem
+
+
+def test_the_headline_refuses_a_bad_plan_before_reading_any_sweep(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "headline.py"),
+            *("--sweep", f"d={tmp_path / 'none'}", "--systems", "rope"),
+            *("--out", str(tmp_path / "out"), "--plan", str(write(tmp_path, "- a\n"))),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert (
+        done.stderr.strip()
+        == f"headline: plan {tmp_path / 'plan.yaml'}: must be a mapping of keys, got list"
+    )
