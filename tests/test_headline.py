@@ -54,6 +54,7 @@ def test_each_system_is_set_against_the_baseline_at_every_depth(tmp_path):
     table = "\n".join(headline_table(cells, "bleu", "nonepe"))
     assert "| system | 1 layer, test | 3 layers, test |" in table
     assert "| rope | +" in table and " ahead |" in table
+    assert "(1 layer: 2 tests, 3 layers: 0 tests)" in table  # the page states its families
     assert plot_headline(cells, "bleu", "nonepe", tmp_path / "h.png").stat().st_size > 0
 
 
@@ -126,6 +127,7 @@ def test_validation_loss_is_judged_over_the_seeds_lower_being_ahead():
     assert at["3 layers", "t5"] == "-"
     table = "\n".join(loss_table(cells, "nonepe"))
     assert "| rope | -0.500 [" in table and "ahead" in table
+    assert "(1 layer: 2 tests, 3 layers: 0 tests)" in table
 
 
 def test_with_a_plans_margins_no_finding_is_equivalent_or_not_resolved(tmp_path):

@@ -21,6 +21,7 @@ from posenc.analysis.report.findings import (
     NOISE,
     NOT_RESOLVED,
     ONE_SEED,
+    SPLIT,
     UNINFORMATIVE,
     WORSE,
     Judgement,
@@ -47,7 +48,7 @@ Losses = Mapping[str, Mapping[int, float]]
 #: a finding against the baseline, by the direction of the difference
 FINDINGS = ("ahead", "behind")
 #: verdicts of a comparison that was not tested
-UNTESTED = ("-", ONE_SEED, UNINFORMATIVE)
+UNTESTED = ("-", ONE_SEED, SPLIT, UNINFORMATIVE)
 
 
 @dataclass
@@ -218,9 +219,23 @@ def headline_table(cells: Sequence[Cell], metric: str, baseline: str) -> list[st
         f"Each cell: the system's mean {LABELS.get(metric, metric)} over its seeds minus "
         f"{baseline}'s, its 95% "
         "interval (seeds and resampled test sentences as noise) and the verdict; a depth's "
-        "cells of every split and metric are one family under Holm's correction.",
+        "cells of every split and metric are one family under Holm's correction "
+        f"({family_sizes(cells)}).",
     ]
     return lines
+
+
+def family_sizes(cells: Sequence[Cell] | Sequence[LossCell]) -> str:
+    """``1+1 layers: 36 tests, 3+3 layers: 48 tests``: each depth family's tests (a metric of a
+    cell compared above the quality floor with two seeds a side or more)."""
+    sizes: dict[str, int] = {}
+    for cell in cells:
+        sizes.setdefault(cell.depth, 0)
+        if isinstance(cell, LossCell):
+            sizes[cell.depth] += cell.comparison is not None and cell.comparison.p is not None
+        elif cell.judgement is not None and not cell.judgement.floor:
+            sizes[cell.depth] += sum(c.p is not None for c in cell.judgement.comparisons.values())
+    return ", ".join(f"{depth}: {n} tests" for depth, n in sizes.items())
 
 
 def loss_table(cells: Sequence[LossCell], baseline: str) -> list[str]:
@@ -242,7 +257,7 @@ def loss_table(cells: Sequence[LossCell], baseline: str) -> list[str]:
         "",
         f"Each cell: the system's best validation loss (nats, mean over its seeds) minus "
         f"{baseline}'s, its 95% interval (the seeds as noise) and the verdict (ahead: lower "
-        "loss); a depth's cells are one family under Holm's correction.",
+        f"loss); a depth's cells are one family under Holm's correction ({family_sizes(cells)}).",
     ]
     return lines
 

@@ -42,6 +42,15 @@ ONLY_BLEU = "only BLEU significant"
 ONLY_CHRF = "only chrF significant"
 OPPOSITE = "BLEU and chrF point opposite ways"  #: both significant, in opposite directions
 ONE_SEED = "one seed only"  #: a side has one seed: its seed noise is unknown, nothing is tested
+#: a side's seed scores spread :data:`MODES_RATIO` times wider than the family's others: its
+#: seeds fall into separate modes, where no test at a few seeds is calibrated
+SPLIT = "seeds split into modes: not tested"
+#: how many times the median seed deviation of the family's other systems a system's deviation
+#: must exceed to count as split. Measured on families of six systems (tests/test_modes.py): a
+#: system three times noisier than the rest is taken for split in about 1.4% of families at
+#: three seeds (under 0.1% at five); two modes 20 deviations apart, two seeds to one, are found
+#: in about 88%, 10 apart in 15%: at three seeds closer modes cannot be told from noise
+MODES_RATIO = 10.0
 NOISE = "within noise"
 #: with declared margins: no finding, and two one-sided tests on both metrics, corrected over the
 #: family, put each difference inside its margin
@@ -55,6 +64,7 @@ VERDICTS = (
     ONLY_CHRF,
     OPPOSITE,
     ONE_SEED,
+    SPLIT,
     EQUIVALENT,
     NOT_RESOLVED,
     NOISE,
@@ -104,7 +114,9 @@ class Judgement:
     """``first`` against ``second`` on one split: per metric the decision rule's
     :class:`~posenc.analysis.decision.Comparison` of ``first - second``; whether a side is below
     the quality floor, each side's mean share of looping translations; after
-    :func:`judge_family`, the Holm-adjusted p-values, with declared margins those of the
+    :func:`judge_family`, whether a side's seeds split into modes (:func:`mark_splits`, which
+    reads each side's ``seed_scores`` per metric), the Holm-adjusted p-values, with declared
+    margins those of the
     equivalence tests, the seeds that would find each tested difference (None: not within
     :data:`~posenc.analysis.decision.MAX_SEEDS`; no entry for a metric that was not tested) and
     the verdict."""
@@ -114,6 +126,8 @@ class Judgement:
     loops: tuple[float, float]
     p_holm: dict[str, float | None] = field(default_factory=dict)
     p_equivalence: dict[str, float | None] = field(default_factory=dict)
+    seed_scores: dict[str, tuple[dict[int, float], dict[int, float]]] = field(default_factory=dict)
+    split: bool = False
     seeds_needed: dict[str, int | None] = field(default_factory=dict)
     verdict: str = ""
 
@@ -144,7 +158,7 @@ def judge_pair(
     texts = [cache.texts(e) for side in sides for e in side.values()]
     if any(t is None or t[1] != texts[0][1] for t in texts):  # type: ignore[index]
         return None
-    comparisons = {}
+    comparisons, seed_scores = {}, {}
     for metric in METRICS:
         scores = [{s: e.scores.get(metric) for s, e in side.items()} for side in sides]
         tables = [[cache.of(e, metric) for e in side.values()] for side in sides]
@@ -152,10 +166,11 @@ def judge_pair(
             return None
         noise = sentence_deviation(metric, *tables, samples=samples)
         comparisons[metric] = compare_scores(*scores, sentence_se=noise)
+        seed_scores[metric] = tuple(scores)
     loops = tuple(statistics.fmean(cache.loops(e) for e in side.values()) for side in sides)
     bleu = [statistics.fmean(e.scores["bleu"] for e in side.values()) for side in sides]
     floor = min(bleu) < NOISE_FLOOR_BLEU or max(loops) >= LOOP_CEILING
-    return Judgement(comparisons, floor, loops)  # type: ignore[arg-type]
+    return Judgement(comparisons, floor, loops, seed_scores=seed_scores)  # type: ignore[arg-type]
 
 
 def power_cells(judgement: Judgement) -> str:
@@ -172,21 +187,54 @@ def tested_p(judgements: Sequence[Judgement]) -> dict[tuple[int, str], float]:
     return {
         (i, metric): c.p
         for i, j in enumerate(judgements)
-        if not j.floor
+        if not j.floor and not j.split
         for metric, c in j.comparisons.items()
         if c.p is not None
     }
+
+
+def split_sides(spreads: Sequence[float | None]) -> list[bool]:
+    """For the seed standard deviations of a family's systems on one metric (None: under two
+    seeds), whether each exceeds :data:`MODES_RATIO` times the median of the others (never where
+    that median is 0 or there are no others)."""
+    known = [(i, s) for i, s in enumerate(spreads) if s is not None]
+    flags = [False] * len(spreads)
+    for i, spread in known:
+        others = [s for j, s in known if j != i]
+        if others:
+            reference = statistics.median(others)
+            flags[i] = reference > 0 and spread > MODES_RATIO * reference
+    return flags
+
+
+def mark_splits(judgements: Sequence[Judgement]) -> None:
+    """Set :attr:`Judgement.split` where, on either metric, one of its sides' seeds spread
+    beyond the family's others (:func:`split_sides`); a side that takes part in several
+    comparisons (the baseline) counts once, known by its seed scores."""
+    for metric in METRICS:
+        sides: dict[tuple[tuple[int, float], ...], float | None] = {}
+        for judgement in judgements:
+            for side in judgement.seed_scores.get(metric, ()):
+                key = tuple(sorted(side.items()))
+                sides[key] = statistics.stdev(side.values()) if len(side) > 1 else None
+        flagged = {k for k, f in zip(sides, split_sides(list(sides.values())), strict=True) if f}
+        for judgement in judgements:
+            found = judgement.seed_scores.get(metric, ())
+            if any(tuple(sorted(side.items())) in flagged for side in found):
+                judgement.split = True
 
 
 def judge_family(
     judgements: Sequence[Judgement], margins: Mapping[str, float] | None = None
 ) -> None:
     """Correct every p-value of ``judgements`` (:func:`tested_p`) at once with Holm's method,
-    then set each one's seeds for power (at the family's Bonferroni level) and verdict. With
+    then set each one's seeds for power (at the family's Bonferroni level) and verdict; a
+    comparison whose side's seeds split into modes (:func:`mark_splits`) is left out. With
     ``margins`` for every metric (a plan's, :mod:`posenc.analysis.plan`), the tested
     differences are also tested for equivalence within them (two one-sided tests, corrected
     over the family with Holm's method), which decides :data:`EQUIVALENT` or
     :data:`NOT_RESOLVED` where no finding is made."""
+    mark_splits(judgements)
     tested = tested_p(judgements)
     adjusted = holm(tested)
     use_margins = margins is not None and all(m in margins for m in METRICS)
@@ -219,6 +267,8 @@ def verdict(judgement: Judgement) -> str:
         return UNINFORMATIVE
     if any(p is None for p in (c.p for c in judgement.comparisons.values())):
         return ONE_SEED
+    if judgement.split:
+        return SPLIT
     significant = {m: p is not None and p < ALPHA for m, p in judgement.p_holm.items()}
     if not any(significant.values()):
         if not judgement.p_equivalence:

@@ -11,7 +11,9 @@ from posenc.analysis.decision import ALPHA, MAX_SEEDS, Comparison
 from posenc.analysis.report.figures import plot_buckets, plot_intervals, plot_scores
 from posenc.analysis.report.findings import (
     LOOP_CEILING,
+    MODES_RATIO,
     NOISE_FLOOR_BLEU,
+    SPLIT,
     UNINFORMATIVE,
     WORSE,
     Judgement,
@@ -275,7 +277,9 @@ def section_significance(
         f"and chrF both below {ALPHA} after the family's correction and pointing the same "
         "way; otherwise the row says which metric alone is significant, or that they point "
         f"opposite ways, or {'one seed only'} (a side with one seed: its seed noise is "
-        f"unknown), or within noise. {UNINFORMATIVE.capitalize()}: a side with a mean BLEU "
+        f"unknown), or {SPLIT} (a side's seeds spread more than {MODES_RATIO:g} times the "
+        "median of the other systems': separate modes, where no test at a few seeds holds), "
+        f"or within noise. {UNINFORMATIVE.capitalize()}: a side with a mean BLEU "
         f"below {NOISE_FLOOR_BLEU:g} or with {LOOP_CEILING:.0%} or more looping translations "
         "(a stretch of 2-30 characters four times in a row) is not compared. Seeds for 80% "
         "power: the seeds per system that would find the observed difference at the "
