@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
+import threading
 
 import pytest
 from conftest import ROOT, SMOKE, compose
@@ -82,19 +85,67 @@ def test_the_command_runs_as_a_module(trained):
         (["run_dir={run}", "inpt=x.txt"], "unknown argument inpt=; did you mean input=\\?"),
         (["run_dir={run}", "eval.beam_size"], "'eval.beam_size' is not KEY=VALUE"),
         (["run_dir={run}", "eval.beam_sise=5"], "Key 'beam_sise' is not in the run's config"),
-        (["run_dir={run}", "eval.beam_size=0"], "eval.beam_size=0 must be an integer >= 1"),
+        (["run_dir={run}", "eval.beam_size=0"], "eval.beam_size=0 must be an integer in \\[1, "),
+        (["run_dir={run}", "eval.beam_size=100000"], "eval.beam_size=100000 must be an integer in"),
+        (["run_dir={run}", "eval.max_len_a=1e30"], "eval.max_len_a=1e\\+30 must be a number in"),
+        (
+            ["run_dir={run}", "eval.max_len_b=99999999999999999999"],
+            "eval.max_len_b=99999999999999999999 must be an integer in",
+        ),
+        (["run_dir={run}", "input={latin1}"], "not UTF-8 \\(byte offset 1: invalid continuation"),
         (["run_dir={run}", "input={long}"], "input line 2 has 10,001 characters, over the 10,000"),
     ],
 )
 def test_an_error_is_one_line(trained, tmp_path, args, expected):
     long = tmp_path / "long.txt"  # once decoded for hours without a word
     long.write_text("bonjour\n" + "a" * 10_001 + "\n")
-    paths = {"run": trained, "missing": tmp_path / "missing", "long": long}
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("d\u00e9j\u00e0 vu\n".encode("latin-1"))
+    paths = {"run": trained, "missing": tmp_path / "missing", "long": long, "latin1": latin1}
     with pytest.raises(SystemExit) as exit_info:
         translate_main([arg.format(**paths) for arg in args])
     message = str(exit_info.value.code)
     assert "\n" not in message
     assert re.search(expected, message), message
+
+
+def test_a_line_is_one_line_whatever_breaks_it_holds(trained, tmp_path):
+    """Only ``\\n`` ends a line: ``\\r\\n`` is one ending, and a ``\\r``, form feed or
+    U+2028 inside a line is a space, so five lines in are five lines out, each translation
+    beside its source."""
+    sources = evaluated_sources(trained)[:5]
+    broken = [sources[0], "un\rdeux", "trois\x0cquatre", "cinq\u2028six", sources[4]]
+    source_file, output = tmp_path / "broken.fr", tmp_path / "broken.en"
+    source_file.write_bytes(("\r\n".join(broken) + "\r\n").encode("utf-8"))
+    translate_main([f"run_dir={trained}", f"input={source_file}", f"output={output}"])
+    lines = output.read_text().split("\n")
+    assert len(lines) == 6 and lines[-1] == ""  # five lines and the final newline
+    plain = tmp_path / "plain.fr"
+    plain.write_text("\n".join([sources[0], "un deux", "trois quatre", "cinq six", sources[4]]))
+    again = tmp_path / "plain.en"
+    translate_main([f"run_dir={trained}", f"input={plain}", f"output={again}"])
+    assert again.read_text() == output.read_text()
+
+
+def test_non_utf8_standard_input_is_one_line(trained, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"d\xe9j\xe0\n")))
+    with pytest.raises(SystemExit) as exit_info:
+        translate_main([f"run_dir={trained}"])
+    assert str(exit_info.value.code).startswith("cannot read standard input: not UTF-8")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_output_to_a_fifo_is_written_into_it_not_replaced(trained, tmp_path):
+    source_file, fifo = tmp_path / "two.fr", tmp_path / "out.fifo"
+    source_file.write_text("\n".join(evaluated_sources(trained)[:2]) + "\n")
+    os.mkfifo(fifo)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader.start()
+    translate_main([f"run_dir={trained}", f"input={source_file}", f"output={fifo}"])
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still the FIFO its reader opened
+    assert len(received) == 1 and len(received[0].splitlines()) == 2
 
 
 def test_a_run_saved_before_beam_search_existed_can_use_it(trained, tmp_path):
@@ -177,3 +228,17 @@ def test_the_python_api_raises_what_python_code_catches(trained, tmp_path):
         posenc.load_run(trained, "eval.beam_sise=3")
     with pytest.raises(ValueError):
         posenc.load_run(trained, "eval.beam_size=wide")
+    loaded = posenc.load_run(trained, "device=cpu")
+    for beam in (0, 2.5, True, 100_000):
+        with pytest.raises(ValueError, match="beam_size must be a whole number from 1 to"):
+            loaded.translate(["bonjour"], beam_size=beam)
+    with pytest.raises(ValueError, match="nbest must be a whole number"):
+        loaded.translate(["bonjour"], nbest=0)
+    with pytest.raises(ValueError, match="sentence 1 has 10,001 characters"):
+        loaded.translate(["bonjour", "a" * 10_001])
+    planted = tmp_path / "planted"
+    shutil.copytree(trained, planted)
+    config = (planted / "config.yaml").read_text()
+    (planted / "config.yaml").write_text(re.sub(r"max_len_b: \d+", "max_len_b: 100000000", config))
+    with pytest.raises(ValueError, match="eval.max_len_b=100000000 must be an integer in"):
+        posenc.load_run(planted, "device=cpu").translate(["bonjour"])

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from posenc.config import MAX_BEAM
+from posenc.data.streams import MAX_LINE_CHARS
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.decode import DecodeSettings, decode_nbest, decode_sources
 from posenc.evaluation.standalone import load_runs, run_configs
@@ -63,18 +65,35 @@ class TrainedRun:
         least that wide."""
         settings = DecodeSettings.of(self.config)
         if beam_size is not None:
-            settings = replace(settings, beam_size=beam_size)
+            settings = replace(settings, beam_size=_count("beam_size", beam_size, MAX_BEAM))
+        _count("nbest", nbest, MAX_BEAM)
+        sentences = list(sentences)
+        for number, sentence in enumerate(sentences):
+            if not isinstance(sentence, str):
+                raise TypeError(f"sentence {number} is a {type(sentence).__name__}, not a str")
+            if len(sentence) > MAX_LINE_CHARS:
+                raise ValueError(
+                    f"sentence {number} has {len(sentence):,} characters, over the "
+                    f"{MAX_LINE_CHARS:,} a sentence may have: split it into sentences"
+                )
         if nbest > settings.beam_size:
             raise ValueError(
                 f"nbest={nbest} needs a beam at least that wide (beam_size={settings.beam_size})"
             )
-        sources = self.tokenizer.encode_batch(list(sentences))
+        sources = self.tokenizer.encode_batch(sentences)
         if nbest == 1:
             ids, _ = decode_sources(self.model, self.tokenizer, sources, settings, self.device)
             return self.tokenizer.decode_batch(ids)
         found, _ = decode_nbest(self.model, self.tokenizer, sources, settings, self.device, nbest)
         texts = iter(self.tokenizer.decode_batch([h.tokens for hyps in found for h in hyps]))
         return [[(h.score, next(texts)) for h in hyps] for hyps in found]
+
+
+def _count(name: str, value: object, most: int) -> int:
+    """``value`` when it is a whole number from 1 to ``most``; else ValueError (one line)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ValueError(f"{name} must be a whole number from 1 to {most}, got {value!r}")
+    return value
 
 
 def load_run(path: str | Path, *overrides: str) -> TrainedRun:

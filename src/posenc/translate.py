@@ -84,15 +84,44 @@ LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 NBEST_FORMAT = "sentence_index<TAB>rank<TAB>score<TAB>log_prob<TAB>translation"
 
 
+#: the most bytes of input read (a book is a few MB); more ends the command in one line
+MAX_INPUT_BYTES = 200_000_000
+
+
 def read_lines(source: Path | None) -> list[str]:
-    """The lines of ``source`` (stdin when None); SystemExit (one line) when it is unreadable."""
-    if source is None:
-        return sys.stdin.read().splitlines()
+    """The lines of ``source`` (stdin when None), split at ``\n`` only: a line ending ``\r\n``
+    loses its ``\r``, and any other character that ends a line (:data:`LINE_BREAKS`) inside a
+    line becomes a space, so that the output has exactly one line per input line. SystemExit
+    (one line) when the input is unreadable, not UTF-8, or over :data:`MAX_INPUT_BYTES`."""
+    name = "standard input" if source is None else f"input={source}"
     try:
-        return source.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) else f"not UTF-8 ({err.reason})"
-        raise SystemExit(f"cannot read input={source}: {reason}") from None
+        if source is None:
+            stream = getattr(sys.stdin, "buffer", None)  # a text stream without one: its text
+            if stream is None:
+                data = sys.stdin.read(MAX_INPUT_BYTES + 1).encode("utf-8")
+            else:
+                data = stream.read(MAX_INPUT_BYTES + 1)
+        else:
+            with open(source, "rb") as handle:
+                data = handle.read(MAX_INPUT_BYTES + 1)
+    except OSError as err:
+        raise SystemExit(f"cannot read {name}: {err.strerror}") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise SystemExit(
+            f"cannot read {name}: it holds more than {MAX_INPUT_BYTES:,} bytes; translate it in "
+            "parts"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SystemExit(
+            f"cannot read {name}: not UTF-8 (byte offset {err.start}: {err.reason}); convert "
+            "it with iconv -t UTF-8"
+        ) from None
+    if not text:
+        return []
+    lines = (text[:-1] if text.endswith("\n") else text).split("\n")
+    return [one_line(line.removesuffix("\r")) for line in lines]
 
 
 def translate_lines(
@@ -148,15 +177,22 @@ def one_line(text: str) -> str:
 
 
 def write_lines(lines: list[str], target: Path | None) -> None:
-    """``lines`` to ``target`` (written atomically) or stdout; SystemExit (one line) when the
-    file cannot be written."""
+    """``lines`` to ``target`` or stdout; SystemExit (one line) when it cannot be written. A
+    regular file (or a new one) is written atomically, through a temporary file renamed over
+    it; a FIFO, a device or ``/dev/stdout`` is written directly, never replaced."""
     text = "".join(f"{line}\n" for line in lines)
     if target is None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
     try:
-        write_text(target, text)
+        if target.exists() and not target.is_file():
+            if target.is_dir():
+                raise SystemExit(f"cannot write output={target}: it is a folder")
+            with open(target, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        else:
+            write_text(target, text)
     except OSError as err:
         raise SystemExit(f"cannot write output={target}: {err.strerror}") from None
 

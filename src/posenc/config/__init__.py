@@ -146,6 +146,13 @@ def _num(x: float) -> str:
 
 
 POSITIVE = {"kind": "int", "low": 1}
+#: the widest beam (fairseq's widest common setting is 50; a beam of 100,000 took 36 s and
+#: 2.1 GB for one four-token line)
+MAX_BEAM = 256
+#: the most output tokens per source token and in addition (``eval.max_len_a``/``max_len_b``):
+#: far beyond any translation, small enough that decoding ends
+MAX_LEN_A = 16
+MAX_LEN_B = 1024
 PROBABILITY = {"kind": "number", "low": 0, "high": 1, "high_open": True}
 
 
@@ -300,8 +307,9 @@ class EvalConfig(ConfigGroup):
     splits: list[str] = setting("list", low=1)
     checkpoint: str = setting("str", choices=("best", "last"))
     batch_tokens: int = setting(**POSITIVE)
-    max_len_a: float = setting("number", low=0)
-    max_len_b: int = setting("int", low=0)
+    # bounds: a translation at most MAX_LEN_A source lengths plus MAX_LEN_B tokens long
+    max_len_a: float = setting("number", low=0, high=MAX_LEN_A)
+    max_len_b: int = setting("int", low=0, high=MAX_LEN_B)
     use_cache: bool = setting("bool")
     max_sentences: int | None = setting("int", low=1, optional=True)
     length_buckets: list[int] = setting("list")
@@ -309,7 +317,7 @@ class EvalConfig(ConfigGroup):
     pe_variants: dict[str, Any] = setting("mapping")
     # with defaults: a run saved before these settings existed decodes greedily from one
     # checkpoint, and standalone evaluation may still set them
-    beam_size: int = setting(**POSITIVE, default=1)
+    beam_size: int = setting("int", low=1, high=MAX_BEAM, default=1)
     lenpen: float = setting("number", default=1.0)
     average_last: int = setting(**POSITIVE, default=1)
     # sampling instead of greedy decoding; null (off) by default, so that the evaluation identity

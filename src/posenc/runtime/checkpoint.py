@@ -29,6 +29,7 @@ import torch
 
 from posenc.config import paste
 from posenc.runtime.files import replacing
+from posenc.runtime.untrusted import is_special
 
 PREVIOUS = "previous.pt"
 
@@ -185,9 +186,9 @@ def load(path: Path) -> dict[str, Any]:
     """Load a checkpoint dict on the CPU with ``weights_only=True``, or raise
     :class:`CheckpointError` naming the file (missing, corrupt, or holding anything but tensors
     and plain values)."""
+    check_uncompressed(path)  # first: it refuses a FIFO or device by name
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; check trainer.resume")
-    check_uncompressed(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -217,7 +218,13 @@ def check_uncompressed(path: Path) -> None:
     """Refuse a checkpoint whose zip entries are compressed before anything is unpacked: torch
     writes them stored as they are, so every tensor takes on disk the bytes it takes in memory,
     and a deflated entry (3.5 MB of file declaring 3 GB of zeros) could take any memory. A file
-    that is no zip archive is left to ``torch.load`` to judge."""
+    that is no zip archive is left to ``torch.load`` to judge. A FIFO or device is refused
+    before it is opened (reading it could block for ever)."""
+    if is_special(path):
+        raise CheckpointError(
+            f"checkpoint {path} is not a regular file (a FIFO, socket or device); posenc reads "
+            "checkpoints it wrote: remove it"
+        )
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()

@@ -45,6 +45,7 @@ from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from posenc.runtime.files import open_append
+from posenc.runtime.untrusted import is_special
 
 #: the prefix of the metrics' scalar tags (``hparam/valid_loss``, ``hparam/test_bleu``, ...)
 METRIC_PREFIX = "hparam/"
@@ -123,8 +124,10 @@ def session_summaries(
 
 def _event_files(root: Path) -> Iterator[Path]:
     """The event files under ``root``, in name order per directory, except those of experiment
-    summaries and of hidden directories (temporary ones, Hydra's)."""
+    summaries, of hidden directories (temporary ones, Hydra's) and FIFOs or devices."""
     for path in sorted(root.rglob("*tfevents*")):
+        if is_special(path):  # a FIFO or device would block the reader
+            continue
         parts = path.relative_to(root).parts[:-1]
         summary = path.name.endswith(ALL_SWEEPS_SUFFIX)
         if not summary and not any(p.startswith(".") or EXPERIMENT_DIR.fullmatch(p) for p in parts):

@@ -18,6 +18,7 @@ from torch.utils.tensorboard import SummaryWriter
 from posenc.runtime.files import replacing
 from posenc.runtime.hparams import session_summaries
 from posenc.runtime.sinks import TIME_PREFIX, ScalarSink, keeps
+from posenc.runtime.untrusted import UntrustedFileError, is_special
 
 RECORD_OVERHEAD = 16  # bytes of a TFRecord around its data: length, its CRC, the data's CRC
 
@@ -28,12 +29,17 @@ def truncate_events(log_dir: Path, max_step: int, max_seconds: int) -> int:
     An event file with something to drop, or with a record cut short by a kill at its end, is
     rewritten to a temporary file and renamed over the original (a truncation killed half-way
     leaves a temporary file, deleted here the next time); the others are only read. Returns how
-    many scalar events were dropped.
+    many scalar events were dropped. A FIFO or device named like an event file is refused
+    (:class:`~posenc.runtime.untrusted.UntrustedFileError`), not opened.
     """
     for stale in log_dir.glob(".events.out.tfevents.*.tmp"):
         stale.unlink(missing_ok=True)
     dropped = 0
     for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        if is_special(path):
+            raise UntrustedFileError(
+                path, "it is not a regular file (a FIFO, socket or device)", "remove it"
+            )
         kept: list[bytes] = []
         read = 0  # bytes of the whole records read
         for raw in RawEventFileLoader(str(path)).Load():

@@ -92,6 +92,17 @@ def read_text(path: Path, max_bytes: int) -> str:
         raise UntrustedFileError(Path(path), f"it is not UTF-8 text (byte {err.start})") from None
 
 
+def is_special(path: Path) -> bool:
+    """Whether ``path`` exists (links followed) as something other than a regular file or a
+    folder: a FIFO, socket or device, which opening could block on or read without end. Asked
+    before a library opens a file of a run directory by name (``os.stat`` opens nothing)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def read_bytes(path: Path, max_bytes: int) -> bytes:
     """The bytes of the regular file ``path``, at most ``max_bytes`` of them.
 

@@ -43,6 +43,7 @@ from posenc.runtime.untrusted import (
     check_failure,
     check_metrics,
     check_summary,
+    is_special,
     read_config,
     read_json,
     read_text,
@@ -178,6 +179,8 @@ def _event_points(tb_dir: Path) -> Points:
     """The points of :data:`CURVE_TAGS` in TensorBoard events; none when they cannot be read."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    if any(is_special(path) for path in tb_dir.glob("*tfevents*")):
+        return {}  # a FIFO or device would block the reader: the curves come from scalars.csv
     try:
         events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
         events.Reload()

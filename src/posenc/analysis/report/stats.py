@@ -4,6 +4,7 @@ no figures."""
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -97,10 +98,16 @@ MAX_TEXT_BYTES = 100_000_000
 
 
 def read_lines(path: Path) -> list[str] | None:
-    """The lines of a hypothesis/reference file (empty lines kept), or None if it is missing."""
+    """The lines of a hypothesis/reference file (empty lines kept), or None if it is missing or
+    cannot be read as one (a FIFO, a device, too large, not UTF-8: a warning names it, and the
+    run's comparisons on that split are left out, not the report)."""
     if not path.exists():
         return None
-    text = untrusted.read_text(path, MAX_TEXT_BYTES)
+    try:
+        text = untrusted.read_text(path, MAX_TEXT_BYTES)
+    except untrusted.UntrustedFileError as err:
+        logging.getLogger(__name__).warning("%s (left out of the comparisons)", err)
+        return None
     return (text[:-1] if text.endswith("\n") else text).split("\n")
 
 
