@@ -25,14 +25,13 @@ from posenc.analysis.headline import (
     loss_table,
     plot_headline,
     plot_loss_headline,
+    read_sweep,
 )
 from posenc.analysis.plan import PlanError, load_plan, provenance
-from posenc.analysis.report.clean import SUFFIX, clean_entries
-from posenc.analysis.report.runs import ReportError, group_runs, load_run, split_entries
+from posenc.analysis.report.runs import ReportError
 from posenc.config import reference_encoding
 from posenc.config.variants import split_labels
 from posenc.runtime.files import write_text
-from posenc.runtime.rundir import find_run_dirs
 
 
 def main() -> int:
@@ -61,28 +60,12 @@ def main() -> int:
         )
     with tempfile.TemporaryDirectory() as scratch:  # the clean splits' files, while read
         sweeps, losses = {}, {}
-        for item in args.sweep:
-            label, _, folder = item.partition("=")
-            path = Path(folder)
-            runs = [load_run(run, path) for run in find_run_dirs(path, path / "report")]
-            if not runs:
-                sys.exit(f"headline: no run under {path}")
-            groups = group_runs(runs)
-            losses[label] = {
-                g.label: {
-                    r.seed: float(r.train["best_valid_loss"])
-                    for r in g.runs
-                    if r.train.get("best_valid_loss") is not None
-                }
-                for g in groups
-            }
-            bases = [s.removesuffix(SUFFIX) for s in splits if s.endswith(SUFFIX)]
-            clean = clean_entries(groups, bases, Path(scratch) / label)
-            sweeps[label] = {
-                s: clean.get(s, {}) if s.endswith(SUFFIX) else split_entries(groups, s)
-                for s in splits
-            }
         try:
+            for item in args.sweep:
+                label, _, folder = item.partition("=")
+                sweeps[label], losses[label] = read_sweep(
+                    Path(folder), splits, Path(scratch) / label
+                )
             margins = plan.margins if plan else None
             cells = headline(sweeps, systems, args.baseline, args.bootstrap, margins)
         except ReportError as err:

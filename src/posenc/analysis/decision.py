@@ -243,10 +243,23 @@ def sentence_deviation(
     sentences, of the seed-averaged corpus ``metric`` of the runs ``a`` minus the runs ``b``
     (each run's :func:`sentence_statistics` on the same references). One draw of sentences
     serves every run of a sample, so the paired structure of the test set is kept."""
+    return contrast_deviation(metric, [(1.0, a), (-1.0, b)], samples, seed)
+
+
+def contrast_deviation(
+    metric: str,
+    terms: Sequence[tuple[float, Sequence[np.ndarray]]],
+    samples: int = 1000,
+    seed: int = 12345,
+) -> float:
+    """:func:`sentence_deviation` of any signed sum of seed-averaged corpus scores: ``terms``
+    are ``(sign, runs)``, each run's :func:`sentence_statistics` on the same references, e.g.
+    ``[(1, a_deep), (-1, b_deep), (-1, a_shallow), (1, b_shallow)]`` for a difference of
+    differences."""
     scorer = sacrebleu_scorer(metric)
-    size = a[0].shape[0]
+    size = terms[0][1][0].shape[0]
     rng = np.random.default_rng(seed)
-    differences: list[float] = []
+    values: list[float] = []
     for start in range(0, samples, CHUNK):  # bounded memory: CHUNK draws of N counts at a time
         # how often each sentence is drawn, one row per resampled test set: (chunk, N)
         draws = np.stack(
@@ -255,19 +268,19 @@ def sentence_deviation(
                 for _ in range(min(CHUNK, samples - start))
             ]
         )
-        means = []
-        for runs in (a, b):
-            totals = [draws @ run for run in runs]  # (chunk, k) statistics per resampled set
-            means.append(
+        total = np.zeros(len(draws))
+        for sign, runs in terms:
+            sums = [draws @ run for run in runs]  # (chunk, k) statistics per resampled set
+            total += sign * np.array(
                 [
                     statistics.fmean(
-                        scorer._compute_score_from_stats(list(t[i])).score for t in totals
+                        scorer._compute_score_from_stats(list(t[i])).score for t in sums
                     )
                     for i in range(len(draws))
                 ]
             )
-        differences += [x - y for x, y in zip(*means, strict=True)]
-    return float(np.std(differences, ddof=1))
+        values += total.tolist()
+    return float(np.std(values, ddof=1))
 
 
 #: a unit of 2 to 30 characters repeated at least four times in a row (spaces and punctuation

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posenc.analysis.decision import ALPHA, Comparison, compare_scores, equivalence, holm
+from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.findings import (
     EQUIVALENT,
     NOISE,
@@ -30,8 +31,15 @@ from posenc.analysis.report.findings import (
     judge_pair,
 )
 from posenc.analysis.report.render import new_figure
-from posenc.analysis.report.runs import Entry
+from posenc.analysis.report.runs import (
+    Entry,
+    ReportError,
+    group_runs,
+    load_run,
+    split_entries,
+)
 from posenc.runtime.figures import save_figure
+from posenc.runtime.rundir import find_run_dirs
 
 #: the most systems one figure draws (more would not be read)
 MAX_SYSTEMS = 10
@@ -97,6 +105,35 @@ class LossCell:
             shown = self.p_equivalence is not None and self.p_equivalence < ALPHA
             return EQUIVALENT if shown else NOT_RESOLVED
         return "ahead" if self.comparison.difference < 0 else "behind"
+
+
+def read_sweep(
+    folder: Path, splits: Sequence[str], scratch: Path
+) -> tuple[dict[str, Systems], Losses]:
+    """A sweep's entries by split (``NAME-clean`` splits scored into ``scratch``) and its best
+    validation losses by system and seed.
+
+    Raises:
+        ReportError: the folder holds no run.
+    """
+    runs = [load_run(run, folder) for run in find_run_dirs(folder, folder / "report")]
+    if not runs:
+        raise ReportError(f"no run under {folder}")
+    groups = group_runs(runs)
+    losses = {
+        g.label: {
+            r.seed: float(r.train["best_valid_loss"])
+            for r in g.runs
+            if r.train.get("best_valid_loss") is not None
+        }
+        for g in groups
+    }
+    bases = [s.removesuffix(SUFFIX) for s in splits if s.endswith(SUFFIX)]
+    clean = clean_entries(groups, bases, scratch)
+    entries = {
+        s: clean.get(s, {}) if s.endswith(SUFFIX) else split_entries(groups, s) for s in splits
+    }
+    return entries, losses
 
 
 def headline(

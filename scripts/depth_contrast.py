@@ -1,0 +1,76 @@
+"""What depth does to each system's gap to a baseline, from a shallower and a deeper sweep of
+the same recipe: the difference of differences on BLEU, chrF and validation loss, each with its
+interval and verdict (:mod:`posenc.analysis.depth_contrast`).
+
+Usage: ``python scripts/depth_contrast.py --shallow "1+1 layers=outputs/sweeps/scaling_1layer"
+--deep "3+3 layers=outputs/sweeps/scaling" --systems "sinpe,rpe,rope,rope
+(pe.cross_attention=rotated)" [--baseline nonepe] --splits tatoeba-clean,europarl-clean,test
+--out docs/study/depth_recipe [--plan docs/study/plans/depth_recipe.yaml --family "depth at
+equal recipe"]``. Without a plan's family the page says its verdicts are exploratory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from posenc.analysis.depth_contrast import depth_contrasts, depth_losses, depth_table
+from posenc.analysis.headline import read_sweep
+from posenc.analysis.plan import PlanError, load_plan, provenance
+from posenc.analysis.report.runs import ReportError
+from posenc.config import reference_encoding
+from posenc.config.variants import split_labels
+from posenc.runtime.files import write_text
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shallow", required=True, help="LABEL=SWEEP_DIR")
+    parser.add_argument("--deep", required=True, help="LABEL=SWEEP_DIR")
+    parser.add_argument("--systems", required=True, help="comma-separated, as reports name them")
+    parser.add_argument(
+        "--baseline", default=reference_encoding(), help="default: the reference encoding"
+    )
+    parser.add_argument("--splits", default="tatoeba-clean,europarl-clean,test")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="resampled test sets")
+    parser.add_argument("--out", type=Path, required=True, help="folder for depth.md")
+    parser.add_argument("--plan", type=Path, help="the analysis plan (YAML) declaring the family")
+    parser.add_argument("--family", help="the plan's family these comparisons are")
+    args = parser.parse_args()
+    try:
+        plan = load_plan(args.plan) if args.plan else None
+    except PlanError as err:
+        sys.exit(f"depth_contrast: {err}")
+    margins = plan.margins if plan else None
+    systems, splits = split_labels(args.systems), args.splits.split(",")
+    (shallow, shallow_dir), (deep, deep_dir) = (
+        (label, Path(folder))
+        for label, _, folder in (item.partition("=") for item in (args.shallow, args.deep))
+    )
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            low, low_losses = read_sweep(shallow_dir, splits, Path(scratch) / "shallow")
+            high, high_losses = read_sweep(deep_dir, splits, Path(scratch) / "deep")
+            cells = depth_contrasts(low, high, systems, args.baseline, args.bootstrap, margins)
+        except ReportError as err:
+            sys.exit(f"depth_contrast: {err}")
+    margin = margins.get("valid_loss") if margins else None
+    losses = depth_losses(low_losses, high_losses, systems, args.baseline, margin)
+    lines = [
+        f"# What depth does: each system's gap to {args.baseline}, {deep} against {shallow}",
+        "",
+        provenance(plan, args.family),
+        "",
+        *depth_table(cells, losses, shallow, deep),
+        "",
+    ]
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_text(args.out / "depth.md", "\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

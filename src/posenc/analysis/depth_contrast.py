@@ -1,0 +1,240 @@
+"""What depth does to an encoding's gap to a baseline: the difference of differences
+``(system - baseline at the deeper model) - (system - baseline at the shallower)`` on BLEU, chrF
+and validation loss, judged by the decision rule (:mod:`posenc.analysis.decision`) with the
+training run as its unit (``scripts/depth_contrast.py``).
+
+At each depth a system and the baseline share their seeds, so each seed gives one gap; the two
+depths' gaps are compared as two systems' seed scores are (paired by seed where both depths
+have the same seeds, Welch otherwise). The test sentences add the deviation of the whole
+four-term contrast over resampled test sets (:func:`~posenc.analysis.decision.
+contrast_deviation`, one draw for the runs of all four cells). BLEU and chrF of a split form one
+comparison, as in the report (:func:`~posenc.analysis.report.findings.judge_family`: a finding
+needs both, pointing the same way); every comparison of a call is one family under Holm's
+correction, validation loss a second; with a plan's margins a non-finding is tested for
+equivalence."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from posenc.analysis.decision import (
+    ALPHA,
+    Comparison,
+    compare_scores,
+    contrast_deviation,
+    equivalence,
+    holm,
+)
+from posenc.analysis.report.findings import (
+    EQUIVALENT,
+    LOOP_CEILING,
+    METRICS,
+    NOISE,
+    NOISE_FLOOR_BLEU,
+    NOT_RESOLVED,
+    ONE_SEED,
+    WORSE,
+    Judgement,
+    StatisticsCache,
+    by_seed,
+    judge_family,
+)
+from posenc.analysis.report.runs import Entry
+
+#: a finding's verdict, by the sign of the difference of differences
+WIDER, NARROWER = "gap grows with depth", "gap shrinks with depth"
+
+Systems = Mapping[str, Sequence[Entry]]
+"""A split's systems at one depth: name -> entries (one per run)."""
+Losses = Mapping[str, Mapping[int, float]]
+"""A depth's validation losses: system -> {training seed: best validation loss}."""
+
+
+@dataclass
+class DepthCell:
+    """One system on one split (or ``validation loss``): its judgement of the difference of
+    differences (None when a cell is missing or the test sets differ) and the verdict."""
+
+    system: str
+    split: str
+    judgement: Judgement | None
+
+    def verdict(self) -> str:
+        """:data:`WIDER`/:data:`NARROWER` for a finding (by BLEU's sign; the system's gap
+        over the baseline, so "grows" means the system gains on it with depth), else why not."""
+        if self.judgement is None:
+            return "-"
+        if self.judgement.verdict != WORSE:
+            return self.judgement.verdict
+        return WIDER if self.judgement.first_leads else NARROWER
+
+
+def gaps(system: Sequence[Entry], baseline: Sequence[Entry], metric: str) -> dict[int, float]:
+    """``{seed: system's score - baseline's}`` on the seeds both have."""
+    own, theirs = by_seed(system), by_seed(baseline)
+    return {s: own[s].scores[metric] - theirs[s].scores[metric] for s in own if s in theirs}
+
+
+def judge_cell(
+    cells: tuple[Sequence[Entry], Sequence[Entry], Sequence[Entry], Sequence[Entry]],
+    samples: int,
+    cache: StatisticsCache,
+) -> Judgement | None:
+    """The unadjusted judgement of ``(system deep, baseline deep, system shallow, baseline
+    shallow)``: None when a run lacks its texts or scores, or the four were not scored against
+    the same references."""
+    sides = [by_seed(c) for c in cells]
+    texts = [cache.texts(e) for side in sides for e in side.values()]
+    if not texts or any(t is None or t[1] != texts[0][1] for t in texts):  # type: ignore[index]
+        return None
+    comparisons, seed_scores = {}, {}
+    for metric in METRICS:
+        if any(e.scores.get(metric) is None for side in sides for e in side.values()):
+            return None
+        deep, shallow = gaps(cells[0], cells[1], metric), gaps(cells[2], cells[3], metric)
+        if not deep or not shallow:
+            return None
+        tables = [[cache.of(e, metric) for e in side.values()] for side in sides]
+        terms = list(zip((1.0, -1.0, -1.0, 1.0), tables, strict=True))
+        noise = contrast_deviation(metric, terms, samples=samples)
+        comparisons[metric] = compare_scores(deep, shallow, sentence_se=noise)
+        seed_scores[metric] = (deep, shallow)
+    loops = [statistics.fmean(cache.loops(e) for e in side.values()) for side in sides]
+    bleu = [statistics.fmean(e.scores["bleu"] for e in side.values()) for side in sides]
+    floor = min(bleu) < NOISE_FLOOR_BLEU or max(loops) >= LOOP_CEILING
+    return Judgement(
+        comparisons,  # type: ignore[arg-type]
+        floor,
+        (max(loops[0], loops[2]), max(loops[1], loops[3])),
+        seed_scores=seed_scores,  # type: ignore[arg-type]
+    )
+
+
+def depth_contrasts(
+    shallow: Mapping[str, Systems],
+    deep: Mapping[str, Systems],
+    systems: Sequence[str],
+    baseline: str,
+    samples: int = 1000,
+    margins: Mapping[str, float] | None = None,
+) -> list[DepthCell]:
+    """Every system of ``systems`` on every split of ``deep`` (``split -> systems``, and the same
+    split of ``shallow``), one family."""
+    cache = StatisticsCache()
+    cells = []
+    for split, found in deep.items():
+        other = shallow.get(split, {})
+        for system in systems:
+            judgement = None
+            wanted = (found, found, other, other)
+            names = (system, baseline, system, baseline)
+            if all(name in where for name, where in zip(names, wanted, strict=True)):
+                four = tuple(where[name] for name, where in zip(names, wanted, strict=True))
+                judgement = judge_cell(four, samples, cache)  # type: ignore[arg-type]
+            cells.append(DepthCell(system, split, judgement))
+    judge_family([c.judgement for c in cells if c.judgement is not None], margins)
+    return cells
+
+
+@dataclass
+class DepthLoss:
+    """One system's difference of differences in best validation loss (nats; negative: the
+    system gains on the baseline with depth), its Holm-adjusted p and equivalence p."""
+
+    system: str
+    comparison: Comparison | None
+    p_holm: float | None = None
+    p_equivalence: float | None = None
+    margin: float | None = None
+
+    def verdict(self) -> str:
+        """:data:`WIDER` (the system's loss falls further below the baseline's with depth) or
+        :data:`NARROWER` for a finding, else why not."""
+        comparison = self.comparison
+        if comparison is None:
+            return "-"
+        if comparison.p is None:
+            return ONE_SEED
+        if self.p_holm is None or self.p_holm >= ALPHA:
+            if self.margin is None:
+                return NOISE
+            shown = self.p_equivalence is not None and self.p_equivalence < ALPHA
+            return EQUIVALENT if shown else NOT_RESOLVED
+        return WIDER if comparison.difference < 0 else NARROWER
+
+
+def depth_losses(
+    shallow: Losses,
+    deep: Losses,
+    systems: Sequence[str],
+    baseline: str,
+    margin: float | None = None,
+) -> list[DepthLoss]:
+    """Every system's difference of differences in best validation loss, one family (the seeds
+    the only noise: one validation set)."""
+    cells = []
+    for system in systems:
+        comparison = None
+        sides = [where.get(name) for where in (deep, shallow) for name in (system, baseline)]
+        if all(sides):
+            gap_deep = {s: sides[0][s] - sides[1][s] for s in sides[0] if s in sides[1]}
+            gap_shallow = {s: sides[2][s] - sides[3][s] for s in sides[2] if s in sides[3]}
+            if gap_deep and gap_shallow:
+                comparison = compare_scores(gap_deep, gap_shallow)
+        cells.append(DepthLoss(system, comparison, margin=margin))
+    tested = {
+        i: c.comparison.p
+        for i, c in enumerate(cells)
+        if c.comparison is not None and c.comparison.p is not None
+    }
+    for i, p in holm(tested).items():
+        cells[i].p_holm = p
+    if margin is not None:
+        shown = {i: equivalence(cells[i].comparison, margin) for i in tested}  # type: ignore[arg-type]
+        for i, p in holm({i: p for i, p in shown.items() if p is not None}).items():
+            cells[i].p_equivalence = p
+    return cells
+
+
+def depth_table(
+    cells: Sequence[DepthCell], losses: Sequence[DepthLoss], shallow: str, deep: str
+) -> list[str]:
+    """Markdown: one row per system, one column per split and validation loss: the difference
+    of differences with its interval and the verdict."""
+    splits = list(dict.fromkeys(c.split for c in cells))
+    at = {(c.system, c.split): c for c in cells}
+    loss_at = {c.system: c for c in losses}
+    systems = list(dict.fromkeys([c.system for c in cells] + [c.system for c in losses]))
+    head = [f"{split}: BLEU; chrF" for split in splits] + ["validation loss (nats)"]
+    lines = ["| system | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    for system in systems:
+        row = []
+        for split in splits:
+            cell = at.get((system, split))
+            if cell is None or cell.judgement is None:
+                row.append("-")
+                continue
+            found = cell.judgement.comparisons
+            row.append(f"{found['bleu'].text()}; {found['chrf'].text()} {cell.verdict()}")
+        loss = loss_at.get(system)
+        if loss is None or loss.comparison is None:
+            row.append("-")
+        else:
+            row.append(f"{loss.comparison.text(3)} {loss.verdict()}")
+        lines.append(f"| {system} | " + " | ".join(row) + " |")
+    tests = sum(
+        sum(c.p is not None for c in cell.judgement.comparisons.values())
+        for cell in cells
+        if cell.judgement is not None and not cell.judgement.floor and not cell.judgement.split
+    )
+    loss_tests = sum(c.p_holm is not None for c in losses)
+    lines += [
+        "",
+        f"Each cell: (system minus the baseline at {deep}) minus (the same at {shallow}), the "
+        "mean over seeds with its 95% interval (seeds and, for BLEU and chrF, resampled test "
+        f"sentences as noise); BLEU and chrF cells are one family ({tests} tests), validation "
+        f"loss another ({loss_tests} tests), each under Holm's correction.",
+    ]
+    return lines

@@ -1,0 +1,150 @@
+"""What depth does to an encoding's gap to a baseline (:mod:`posenc.analysis.depth_contrast`):
+the difference of differences, judged with the training run as the unit (each seed's gap at
+each depth), the test sentences' noise that of the whole four-term contrast."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, SCORED_REFERENCES
+from conftest import scored_entry as entry
+from sacrebleu import corpus_bleu, corpus_chrf
+from scipy import stats
+
+from posenc.analysis.decision import compare_scores, contrast_deviation, sentence_statistics
+from posenc.analysis.depth_contrast import (
+    NARROWER,
+    WIDER,
+    depth_contrasts,
+    depth_losses,
+    depth_table,
+    gaps,
+)
+from posenc.analysis.report.findings import EQUIVALENT, NOISE, NOT_RESOLVED
+
+SEEDS = (0, 1, 2, 3, 4)
+
+
+def split(tmp_path, name: str, systems: dict[str, int]) -> dict:
+    """One split, ``test``, each system's hypotheses wrong every ``n``-th sentence."""
+    folder = tmp_path / name
+    folder.mkdir()
+    return {"test": {s: [entry(folder, s, seed, n) for seed in SEEDS] for s, n in systems.items()}}
+
+
+def seed_gaps(sweep: dict, metric: str) -> list[float]:
+    """The slow form: rope's score minus nonepe's, seed by seed, by hand."""
+    score = {
+        s: {e.run.seed: e.scores[metric] for e in sweep["test"][s]} for s in ("rope", "nonepe")
+    }
+    return [score["rope"][seed] - score["nonepe"][seed] for seed in SEEDS]
+
+
+def test_the_contrast_is_the_rule_on_each_seeds_gap_at_the_two_depths(tmp_path):
+    shallow = split(tmp_path, "shallow", {"nonepe": 3, "rope": 4})
+    deep = split(tmp_path, "deep", {"nonepe": 3, "rope": 11})
+    (cell,) = depth_contrasts(shallow, deep, ["rope"], "nonepe", samples=50)
+    for metric in ("bleu", "chrf"):
+        found = cell.judgement.comparisons[metric]
+        deep_gaps, shallow_gaps = seed_gaps(deep, metric), seed_gaps(shallow, metric)
+        mean = statistics.fmean(deep_gaps) - statistics.fmean(shallow_gaps)
+        assert found.difference == pytest.approx(mean)
+        assert found.paired and found.seeds == (5, 5)
+        by_seed = [d - s for d, s in zip(deep_gaps, shallow_gaps, strict=True)]
+        assert found.seed_se == pytest.approx(statistics.stdev(by_seed) / 5**0.5)
+        assert gaps(deep["test"]["rope"], deep["test"]["nonepe"], metric) == {
+            s: pytest.approx(g) for s, g in enumerate(deep_gaps)
+        }
+
+
+@pytest.mark.parametrize("metric", ["bleu", "chrf"])
+def test_the_sentence_noise_is_the_four_term_contrast_over_resampled_test_sets(tmp_path, metric):
+    runs = [
+        [entry(tmp_path / f"c{c}", "s", seed, every) for seed in (0, 1)]
+        for c, every in enumerate((3, 5, 4, 7))
+        if (tmp_path / f"c{c}").mkdir() is None
+    ]
+    texts = [[e.hypotheses.read_text().splitlines() for e in cell] for cell in runs]
+    tables = [[sentence_statistics(metric, h, SCORED_REFERENCES) for h in cell] for cell in texts]
+    signs = (1.0, -1.0, -1.0, 1.0)
+    found = contrast_deviation(metric, list(zip(signs, tables, strict=True)), samples=30, seed=3)
+    score = {"bleu": corpus_bleu, "chrf": corpus_chrf}[metric]
+    rng = np.random.default_rng(3)
+    values = []
+    for _ in range(30):  # the same draws as the rule's
+        index = rng.integers(0, len(SCORED_REFERENCES), len(SCORED_REFERENCES))
+        refs = [[SCORED_REFERENCES[i] for i in index]]
+        values.append(
+            sum(
+                sign * statistics.fmean(score([h[i] for i in index], refs).score for h in cell)
+                for sign, cell in zip(signs, texts, strict=True)
+            )
+        )
+    assert found == pytest.approx(statistics.stdev(values))
+
+
+def test_a_gap_that_grows_with_depth_is_a_finding_and_one_that_stays_is_not(tmp_path):
+    shallow = split(tmp_path, "shallow", {"nonepe": 3, "grows": 3, "stays": 4})
+    deep = split(tmp_path, "deep", {"nonepe": 2, "grows": 0, "stays": 2})
+    cells = {c.system: c for c in depth_contrasts(shallow, deep, ["grows", "stays"], "nonepe", 200)}
+    assert cells["grows"].verdict() == WIDER
+    assert cells["stays"].verdict() != WIDER
+    flipped = depth_contrasts(deep, shallow, ["grows"], "nonepe", 200)
+    assert flipped[0].verdict() == NARROWER
+    table = "\n".join(depth_table(list(cells.values()), [], "1+1", "3+3"))
+    assert "| grows | +" in table and WIDER in table and "one family (" in table
+
+
+def test_validation_loss_gaps_are_compared_across_depths():
+    shallow = {"nonepe": {0: 5.0, 1: 5.1, 2: 4.9}, "rope": {0: 4.9, 1: 5.0, 2: 4.8}}
+    deep = {"nonepe": {0: 4.0, 1: 4.1, 2: 3.9}, "rope": {0: 3.5, 1: 3.61, 2: 3.39}}
+    (cell,) = depth_losses(shallow, deep, ["rope"], "nonepe")
+    gap_deep, gap_shallow = [-0.5, -0.49, -0.51], [-0.1, -0.1, -0.1]
+    assert cell.comparison.difference == pytest.approx(-0.4)
+    expected = stats.ttest_rel(gap_deep, gap_shallow).pvalue
+    assert cell.comparison.p == pytest.approx(expected) and cell.verdict() == WIDER
+    (same,) = depth_losses(shallow, shallow, ["rope"], "nonepe", margin=0.05)
+    assert same.verdict() == EQUIVALENT
+    noisy = {"nonepe": {0: 4.0, 1: 4.1, 2: 3.9}, "rope": {0: 3.6, 1: 4.4, 2: 3.9}}
+    (wide,) = depth_losses(shallow, noisy, ["rope"], "nonepe", margin=0.05)
+    assert wide.verdict() == NOT_RESOLVED
+    (plain,) = depth_losses(shallow, noisy, ["rope"], "nonepe")
+    assert plain.verdict() == NOISE
+    assert depth_losses(shallow, {"nonepe": {0: 1.0}}, ["rope"], "nonepe")[0].verdict() == "-"
+
+
+def test_the_size_of_the_contrast_is_the_rules_on_the_gaps():
+    """With no interaction the gaps at the two depths are two samples of one distribution; the
+    contrast is :func:`compare_scores` on them, whose size the grid of tests/test_decision.py
+    holds at 5%: here a direct check at five paired seeds."""
+    rng = np.random.default_rng(11)
+    calls = 0
+    for _ in range(2_000):
+        deep = dict(enumerate(rng.normal(0.3, 1.0, 5)))
+        shallow = dict(enumerate(rng.normal(0.3, 1.0, 5)))
+        calls += compare_scores(deep, shallow).p < 0.05
+    assert calls / 2_000 <= 0.05 + 3 * (0.05 * 0.95 / 2_000) ** 0.5
+
+
+def test_the_script_refuses_a_bad_plan_before_reading_any_sweep(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("families: []\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "depth_contrast.py"),
+            *("--shallow", f"a={tmp_path / 'none'}", "--deep", f"b={tmp_path / 'none'}"),
+            *("--systems", "rope", "--out", str(tmp_path / "out"), "--plan", str(plan)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip() == (
+        f"depth_contrast: plan {plan}: 'families' lists no family"
+    )
