@@ -42,15 +42,14 @@ import hashlib
 import io
 import json
 import lzma
-import os
 import shutil
 import sys
 import tarfile
-import tempfile
 from collections import defaultdict
 from pathlib import Path, PurePosixPath
 
 from posenc.analysis.portable import portable
+from posenc.runtime.files import replacing, temporary_folder
 from posenc.runtime.untrusted import UntrustedFileError, read_bytes
 
 #: the largest file archived or restored (newstest2014's hypotheses are about 0.4 MB)
@@ -168,17 +167,13 @@ def packed(files: Files) -> bytes:
 
 
 def write(archive: Path, files: Files) -> None:
-    """Write ``files`` as ``archive``, atomically (a temporary file renamed into place)."""
+    """Write ``files`` as ``archive``, atomically (a temporary file renamed into place); the
+    temporary files of saves killed before (``.NAME.*.tmp``) are removed first."""
     archive.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{archive.name}.", dir=archive.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(packed(files))
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, archive)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    for stale in archive.parent.glob(f".{archive.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+    with replacing(archive, "wb") as out:
+        out.write(packed(files))
 
 
 def run_files(run: Path, roots: tuple[Path, ...]) -> Files:
@@ -311,7 +306,7 @@ def restore(archive: Path, sweep: Path) -> None:
     for name in sorted(run for run, has_config in runs.items() if has_config):
         if (sweep / name).exists() or (sweep / name).is_symlink():
             continue
-        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=sweep))
+        work = temporary_folder(sweep, f".{name}.")
         try:
             for relative, body in unpacked_run(files, name).items():
                 (work / relative).parent.mkdir(parents=True, exist_ok=True)

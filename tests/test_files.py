@@ -4,10 +4,18 @@ old file and no temporary file."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
-from posenc.runtime.files import read_json, replacing, write_json, write_text
+from posenc.runtime.files import (
+    read_json,
+    replacing,
+    temporary_folder,
+    write_json,
+    write_text,
+)
 
 
 def test_a_write_replaces_the_whole_file_and_leaves_no_temporary(tmp_path):
@@ -41,3 +49,16 @@ def test_read_json_is_none_for_what_is_not_a_json_object(tmp_path):
     assert read_json(tmp_path / "broken.json") is None and read_json(tmp_path / "list.json") is None
     write_json(tmp_path / "ok.json", {"a": 1})
     assert read_json(tmp_path / "ok.json") == {"a": 1}
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o755), (0o077, 0o700), (0o002, 0o775)])
+def test_a_temporary_folder_has_the_umasks_permissions_not_mkdtemps(tmp_path, umask, mode):
+    """A folder made aside and renamed into place (a standalone evaluation, a restored run, an
+    HParams summary) keeps its permissions: they must be what the umask gives a folder."""
+    previous = os.umask(umask)
+    try:
+        folder = temporary_folder(tmp_path, ".made.")
+    finally:
+        os.umask(previous)
+    assert folder.parent == tmp_path and folder.name.startswith(".made.")
+    assert stat.S_IMODE(folder.stat().st_mode) == mode

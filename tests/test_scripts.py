@@ -301,6 +301,10 @@ def test_an_archive_is_the_same_bytes_for_the_same_runs_and_rewritten_only_when_
     os.utime(first, (0, 0))
     script["save"](sweep, first)  # nothing changed: the file is not written again
     assert first.stat().st_mtime == 0
+    killed = tmp_path / ".third.tar.xz.x1y2.tmp"  # what a save killed with -9 leaves
+    killed.write_bytes(b"half")
+    script["save"](sweep, tmp_path / "third.tar.xz")
+    assert not killed.exists() and (tmp_path / "third.tar.xz").read_bytes() == first.read_bytes()
 
 
 def test_a_stranger_archive_restores_no_link_no_path_outside_and_no_oversized_file(

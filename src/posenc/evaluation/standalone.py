@@ -21,7 +21,6 @@ import logging
 import re
 import shutil
 import sys
-import tempfile
 import traceback
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
@@ -46,7 +45,7 @@ from posenc.runtime import untrusted
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.cli import Command, one_line_errors
 from posenc.runtime.device import resolve_device
-from posenc.runtime.files import LinkRefused, refuse_links_leaving
+from posenc.runtime.files import LinkRefused, refuse_links_leaving, temporary_folder
 from posenc.runtime.lock import RunLockedError, run_lock
 from posenc.runtime.rundir import RunDir, cut_name
 from posenc.runtime.untrusted import UntrustedFileError, read_config
@@ -261,7 +260,7 @@ def evaluate_into(
     leaves ``out_dir/failed.json`` with its traceback, then propagates). Returns the metrics,
     with ``about`` among them."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name[:100]}.", dir=out_dir.parent))
+    work = temporary_folder(out_dir.parent, f".{out_dir.name[:100]}.")
     try:
         metrics = evaluate(cfg, run_dir, work, loaded, about)
         OmegaConf.save(cfg, RunDir(work).eval_config)

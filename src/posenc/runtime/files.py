@@ -59,6 +59,14 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def temporary_folder(parent: Path, prefix: str, suffix: str = "") -> Path:
+    """A new hidden folder in ``parent`` (``tempfile.mkdtemp``) with the permissions the umask
+    gives a folder, not mkdtemp's 0700: a folder renamed into place keeps them."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
+    folder.chmod(0o777 & ~_umask())
+    return folder
+
+
 def _umask() -> int:
     """The process's umask (read by setting it and setting it back)."""
     mask = os.umask(0o022)

@@ -31,7 +31,6 @@ import fcntl
 import hashlib
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -44,7 +43,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from posenc.runtime.files import open_append
+from posenc.runtime.files import open_append, temporary_folder
 from posenc.runtime.untrusted import is_special
 
 #: the prefix of the metrics' scalar tags (``hparam/valid_loss``, ``hparam/test_bleu``, ...)
@@ -261,7 +260,7 @@ def write_sweep_experiment(root: Path) -> Path | None:
             digest = hashlib.sha1(summary.SerializeToString()).hexdigest()[:12]
             kept = root / f"hparams-{digest}"
             if not kept.is_dir():
-                tmp = Path(tempfile.mkdtemp(prefix=".hparams-", suffix=".tmp", dir=root))
+                tmp = temporary_folder(root, ".hparams-", ".tmp")
                 try:
                     _write_event(tmp, summary, wall_time)
                     tmp.rename(kept)
@@ -299,7 +298,7 @@ def write_all_sweeps_experiment(parent: Path) -> Path | None:
         written = None
         if sessions:
             summary, wall_time = _experiment_summary(sessions, parent.name)
-            tmp = Path(tempfile.mkdtemp(prefix=".hparams-", suffix=".tmp", dir=parent))
+            tmp = temporary_folder(parent, ".hparams-", ".tmp")
             try:
                 _write_event(tmp, summary, wall_time, ALL_SWEEPS_SUFFIX)
                 (made,) = tmp.iterdir()  # the one file written into a fresh folder
