@@ -3,7 +3,8 @@ has a ``configs/pe/*.yaml``, so a new encoding appears in them without code chan
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,15 +79,41 @@ def build_named_model(
 
 
 def build_model(cfg: DictConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> Seq2Seq:
-    """The Seq2Seq of ``cfg.model`` (checked by :class:`ModelConfig`) with encoding ``cfg.pe``."""
-    return Seq2Seq(
-        vocab_size,
-        pad_id,
-        bos_id,
-        eos_id,
-        ModelConfig.of(cfg.model),
-        encoding_factory(plain(cfg.pe)),
-    )
+    """The Seq2Seq of ``cfg.model`` (checked by :class:`ModelConfig`) with encoding ``cfg.pe``,
+    once :func:`check_fits` has found that it fits in this machine's memory."""
+    model_cfg, factory = ModelConfig.of(cfg.model), encoding_factory(plain(cfg.pe))
+    check_fits(lambda: Seq2Seq(vocab_size, pad_id, bos_id, eos_id, model_cfg, factory))
+    return Seq2Seq(vocab_size, pad_id, bos_id, eos_id, model_cfg, factory)
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_fits(build: Callable[[], torch.nn.Module], memory: int | None = None) -> None:
+    """Build the model on the ``meta`` device (nothing allocated) and refuse, in one line, one
+    whose parameters and buffers in float32 exceed ``memory`` (default: this machine's): a
+    ``model.d_model`` or ``pe.max_len`` of a hundred million would otherwise allocate for a
+    minute and die. An encoding that reads its own tensors while it is built cannot be built on
+    ``meta``; its model is not estimated."""
+    memory = physical_memory() if memory is None else memory
+    try:
+        with torch.device("meta"):
+            model = build()
+    except (NotImplementedError, RuntimeError):
+        return
+    count = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+    if memory and count * 4 > memory:
+        raise ValueError(
+            f"the model would hold {count:,} parameters and buffers ({count * 4 / 2**30:,.1f} "
+            f"GiB in float32, before gradients and optimizer state), more than this machine's "
+            f"{memory / 2**30:,.1f} GiB: lower model.d_model, model.d_ff, the layers or the "
+            "encoding's table sizes (pe.max_len)"
+        )
 
 
 def checkpoint_path(run_dir: Path, which: str) -> Path:

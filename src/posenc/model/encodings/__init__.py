@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -83,6 +84,14 @@ def encoding_factory(pe_cfg: Mapping[str, Any]) -> Callable[..., StackEncoding]:
     shared = {key: params.pop(key, None) for key in SHARED_SETTINGS}
     if target is None:
         raise ValueError(f"pe={name}: its config has no _target_ naming the encoding class")
+    base = params.get("base")
+    if base is not None and not (
+        isinstance(base, int | float) and not isinstance(base, bool) and 1 < base < math.inf
+    ):
+        raise ValueError(
+            f"pe.base={base} must be a finite number above 1 (the wavelengths' base: 10000 in "
+            "the papers; at 1 or below every frequency is the same or grows)"
+        )
     build = functools.partial(encoding_class(target, name), **params)
     off_layers = shared["off_layers"]
     augmentation = PositionAugmentation.of(shared["augment"], shared["augment_range"])
