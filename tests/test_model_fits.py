@@ -1,7 +1,7 @@
 """Models that cannot be trained are refused in one line before anything is allocated: one too
 large for the machine (:func:`posenc.model.factory.check_fits`: built on the ``meta`` device
 first, a build that draws nothing from the random stream, so every run initialises as before),
-and a wavelength base that makes no sense."""
+a wavelength base that makes no sense, and a toy split larger than memory holds."""
 
 from __future__ import annotations
 
@@ -61,3 +61,10 @@ def test_a_wavelength_base_that_makes_no_sense_is_refused_before_training(pe, ba
     rate; at infinity it trained without positions."""
     with pytest.raises(ValueError, match=r"pe.base=\S+ must be a finite number above 1"):
         build_model(compose(f"pe={pe}", f"pe.base={base}"), 800, 0, 1, 2)
+
+
+def test_a_toy_split_larger_than_memory_holds_is_refused_before_it_is_generated():
+    from posenc.data.config import data_config
+
+    with pytest.raises(ValueError, match=r"data.train_size=1000000000000 must be an integer in"):
+        data_config(compose("experiment=smoke", "data.train_size=1000000000000").data)

@@ -14,6 +14,9 @@ from posenc.config import ConfigGroup, plain, setting
 from posenc.data.corpus import DataError
 
 SIZE = {"kind": "int", "low": 1, "optional": True, "default": None}
+#: the toy task's split sizes: generated pairs held in memory (a trillion asked for climbed past
+#: 5 GB before anything was trained)
+TOY_SIZE = {"kind": "int", "low": 1, "high": 10_000_000, "optional": True, "default": None}
 STEM = {"kind": "str", "optional": True, "default": None}
 
 
@@ -80,9 +83,9 @@ class ToyData(DataConfig):
     vocab_size: int | None = setting("int", optional=True, default=None)
     min_len: int | None = setting("int", optional=True, default=None)
     max_len: int | None = setting("int", optional=True, default=None)
-    test_size: int | None = setting("int", optional=True, default=None)
-    train_size: int | None = setting("int", optional=True, default=None)
-    valid_size: int | None = setting("int", optional=True, default=None)
+    test_size: int | None = setting(**TOY_SIZE)
+    train_size: int | None = setting(**TOY_SIZE)
+    valid_size: int | None = setting(**TOY_SIZE)
 
 
 #: the classes of the data kinds, by ``data.kind``
