@@ -7,7 +7,7 @@ import re
 from dataclasses import fields
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, compose
 from omegaconf import OmegaConf
 
 from posenc.config import (
@@ -128,3 +128,18 @@ def test_a_key_no_option_of_an_untyped_group_has_is_named_with_the_closest_one()
     for known in ("pe.off_layers", "pe.encoder_bias", "data.dir", "tokenizer.vocab_size"):
         assert unknown_key(known) is None
     assert unknown_key("+pe.my_own") is None
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ('pe.base=${oc.decode:"[1,2"}', r'^pe.base=\$\{oc.decode:"\[1,2"\} cannot be resolved'),
+        ("trainer.lr=${nope.x}", r"^trainer.lr=\$\{nope.x\} cannot be resolved \(Interpolation"),
+    ],
+)
+def test_an_interpolation_that_cannot_be_resolved_is_one_line_naming_its_key(override, message):
+    from posenc.training.setup import check_config
+
+    with pytest.raises(ValueError, match=message) as refused:
+        check_config(compose("experiment=smoke", override))
+    assert "\n" not in str(refused.value) and str(refused.value).endswith("give a plain value")

@@ -407,12 +407,35 @@ SETTINGS: dict[str, Setting] = {
 
 
 def plain(node: Mapping) -> dict:
-    """A config node as a plain, resolved dict."""
+    """A config node as a plain, resolved dict.
+
+    Raises:
+        ValueError: a value's interpolation cannot be resolved (one line naming its key).
+    """
     from omegaconf import OmegaConf
 
     if OmegaConf.is_config(node):
-        return OmegaConf.to_container(node, resolve=True)
+        try:
+            return OmegaConf.to_container(node, resolve=True)
+        except Exception as err:  # omegaconf's errors: a grammar, a resolver, a missing key
+            raise ValueError(unresolvable(node, err)) from None
     return dict(node)
+
+
+def unresolvable(node: Any, err: Exception) -> str:
+    """One line for the first value of ``node`` (a DictConfig) whose interpolation cannot be
+    resolved: its key, its text and why (``err``'s first line where no single value fails)."""
+    from omegaconf import OmegaConf
+
+    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    for key, value in flatten(OmegaConf.to_container(node, resolve=False)).items():
+        if isinstance(value, str) and "${" in value:
+            try:
+                OmegaConf.select(node, key, throw_on_missing=True)
+            except Exception as failed:
+                why = str(failed).splitlines()[0] if str(failed) else type(failed).__name__
+                return f"{key}={value} cannot be resolved ({why}); give a plain value"
+    return f"the config cannot be resolved ({reason})"
 
 
 def reported_settings(cfg: Mapping) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, field
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
@@ -17,6 +17,7 @@ from posenc.config import (
     LoggerConfig,
     TrainerConfig,
     check_types,
+    plain,
     reported_settings,
 )
 from posenc.data.config import data_config
@@ -60,7 +61,7 @@ log = logging.getLogger("posenc.training.loop")
 def check_config(cfg: DictConfig) -> None:
     """Refuse wrong types and impossible settings before any data is read: check the types and
     ranges of :mod:`posenc.config`, then build a throw-away model and run it on three tokens."""
-    check_types(OmegaConf.to_container(cfg, resolve=True))
+    check_types(plain(cfg))
     TrainerConfig.of(cfg.trainer)  # unknown keys (+trainer.KEY=...), with the closest known one
     EvalConfig.of(cfg.eval)
     LoggerConfig.of(cfg.get("logger") or {})
