@@ -99,9 +99,17 @@ def archived_files(run: Path, patterns: tuple[str, ...] = ARCHIVED) -> list[Path
     return sorted(found)
 
 
+def shown(name: str) -> str:
+    """``name`` as a line may hold it: control characters (a newline would forge a log line)
+    escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in name)
+
+
 def member_problem(member: tarfile.TarInfo) -> str | None:
     """Why ``member`` may not be restored, or None when it may."""
     path = PurePosixPath(member.name)
+    if not member.name.isprintable():
+        return f"{shown(member.name)} holds a control character"
     if not member.isfile():
         return f"{member.name} is not a regular file"
     # the name as written, not as PurePosixPath folds it: RUN//tmp/x would be read as RUN/tmp/x,
@@ -139,8 +147,10 @@ def load(archive: Path) -> tuple[Files, dict[str, str]]:
         with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:") as tar:
             for member in tar:
                 problem = member_problem(member)
+                if problem is None and member.name in files:
+                    problem = f"two members are named {member.name}"
                 if problem is not None:
-                    refused.setdefault(member.name.split("/", 1)[0], problem)
+                    refused.setdefault(shown(member.name.split("/", 1)[0]), problem)
                     continue
                 handle = tar.extractfile(member)
                 files[member.name] = handle.read() if handle is not None else b""
@@ -149,7 +159,7 @@ def load(archive: Path) -> tuple[Files, dict[str, str]]:
             archive, f"is no xz-compressed tar file ({err})", "restore it from version control"
         ) from None
     return {
-        name: body for name, body in files.items() if name.split("/")[0] not in refused
+        name: body for name, body in files.items() if shown(name.split("/")[0]) not in refused
     }, refused
 
 
@@ -253,7 +263,7 @@ def save(sweep: Path, archive: Path, trained: bool = False) -> None:
     if refused:
         run, problem = next(iter(refused.items()))
         sys.exit(f"archive_runs: {archive}: run {run}: {problem}; restore it from version control")
-    before = dict(files)
+    before, archived = dict(files), []
     for run in run_dirs(sweep):
         if not is_finished(run, trained):
             continue
@@ -264,9 +274,14 @@ def save(sweep: Path, archive: Path, trained: bool = False) -> None:
             continue
         if updated != files:
             files = updated
-            print(f"archived {run.name}")
+            archived.append(run.name)
     if files != before:
-        write(archive, files)
+        try:
+            write(archive, files)
+        except OSError as err:
+            sys.exit(f"archive_runs: cannot write {archive}: {err.strerror}; nothing was archived")
+    for name in archived:  # said once the archive holds them
+        print(f"archived {name}")
 
 
 def unpacked_run(files: Files, name: str) -> Files:
@@ -302,12 +317,16 @@ def restore(archive: Path, sweep: Path) -> None:
     runs: defaultdict[str, bool] = defaultdict(bool)
     for key in files:
         runs[key.split("/", 1)[0]] |= key.endswith("/config.yaml") and key.count("/") == 1
-    sweep.mkdir(parents=True, exist_ok=True)
+    try:
+        sweep.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        sys.exit(f"archive_runs: cannot make {sweep}: {err.strerror}")
     for name in sorted(run for run, has_config in runs.items() if has_config):
         if (sweep / name).exists() or (sweep / name).is_symlink():
             continue
-        work = temporary_folder(sweep, f".{name}.")
+        work = None
         try:
+            work = temporary_folder(sweep, f".{name}.")
             for relative, body in unpacked_run(files, name).items():
                 (work / relative).parent.mkdir(parents=True, exist_ok=True)
                 (work / relative).write_bytes(body)
@@ -315,8 +334,11 @@ def restore(archive: Path, sweep: Path) -> None:
             print(f"restored {name}")
         except UntrustedFileError as err:
             print(f"not restored {name}: {err}")
+        except OSError as err:  # a full or read-only disk: this run is not written, say so
+            print(f"not restored {name}: cannot write into {sweep} ({err.strerror})")
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -354,6 +354,50 @@ def test_a_stranger_archive_restores_no_link_no_path_outside_and_no_oversized_fi
     assert not (tmp_path / "escape.txt").exists() and not (tmp_path / "mapped.txt").exists()
 
 
+def test_twin_members_and_a_name_with_a_newline_leave_their_runs_out_in_one_line_each(
+    tmp_path, capsys
+):
+    script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
+    members, bodies = [], []
+    for run in ("good", "twin", "forged\nrestored everything"):
+        for name in ("config.yaml", "metrics.json", "train_summary.json"):
+            members.append(tarfile.TarInfo(f"{run}/{name}"))
+            members[-1].size = 3
+            bodies.append(b"{}\n")
+    second = tarfile.TarInfo("twin/config.yaml")  # the later would win silently
+    second.size = 3
+    members.append(second)
+    bodies.append(b"x: 1"[:3])
+    archive = tmp_path / "s.tar.xz"
+    tar_xz(archive, members, bodies)
+    script["restore"](archive, tmp_path / "restored")
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(p.name for p in (tmp_path / "restored").iterdir()) == ["good"]
+    assert "not restored twin: two members are named twin/config.yaml" in lines
+    forged = [line for line in lines if line.startswith("not restored forged")]
+    assert forged == [
+        "not restored forged\\nrestored everything: forged\\nrestored everything/config.yaml "
+        "holds a control character"
+    ]
+    assert "restored everything" not in [line.strip() for line in lines]
+
+
+def test_a_save_that_cannot_be_written_says_so_and_claims_nothing(tmp_path, capsys):
+    script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
+    sweep = tmp_path / "outputs" / "sweeps" / "s"
+    for path in ("config.yaml", "metrics.json", "train_summary.json", "hypotheses.test.txt"):
+        (sweep / "a").mkdir(parents=True, exist_ok=True)
+        (sweep / "a" / path).write_text(f"a {path}\n")
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a folder")
+    with pytest.raises(SystemExit) as stopped:
+        script["save"](sweep, blocked / "s.tar.xz")
+    assert str(stopped.value.code).startswith(f"archive_runs: cannot write {blocked / 's.tar.xz'}")
+    assert "archived" not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="archive_runs: cannot make"):
+        script["restore"](tmp_path / "none.tar.xz", blocked / "restored")
+
+
 def test_an_oversized_member_leaves_its_run_out_and_a_broken_archive_is_refused_in_one_line(
     tmp_path, capsys, monkeypatch
 ):
