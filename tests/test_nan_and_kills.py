@@ -373,3 +373,26 @@ def test_a_lock_file_is_untrusted_a_link_is_refused_and_garbage_ignored(tmp_path
         pass
     (line,) = [r.getMessage() for r in caplog.records]
     assert "\n" not in line and "\x1b" not in line and "pid 1?2" in line
+
+
+def test_sigterm_while_the_test_sets_are_decoded_is_one_line_and_keeps_the_training(
+    tmp_path, monkeypatch, caplog
+):
+    """Once exited with status 143 and no word; now said like Ctrl-C, the checkpoints kept."""
+    import os
+
+    import posenc.job
+
+    def killed_while_decoding(cfg, run_dir):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the evaluation")
+
+    monkeypatch.setattr(posenc.job, "evaluate", killed_while_decoding)
+    before = signal.getsignal(signal.SIGTERM)
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as stopped:
+        run(compose(*SMOKE, "trainer.max_steps=4", "trainer.valid_every=2"), run_dir)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert "stopped (SIGTERM) outside the training steps; what was saved stays" in caplog.text
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
+    assert signal.getsignal(signal.SIGTERM) == before  # put back afterwards

@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+import signal
 import sys
+import threading
 import traceback
 from contextlib import ExitStack
 from math import inf
@@ -31,6 +33,7 @@ from posenc.evaluation.evaluate import archive_evaluation, evaluate
 from posenc.evaluation.metrics import corpus_scores
 from posenc.runtime import distributed
 from posenc.runtime.checkpoint import CheckpointError
+from posenc.runtime.cli import Terminated, raise_terminated
 from posenc.runtime.console import label_console
 from posenc.runtime.device import resolve_device
 from posenc.runtime.files import LinkRefused, refuse_links_leaving
@@ -195,6 +198,10 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
     directory = RunDir(run_dir)
     label_console(run_dir.name.split("@")[0] if multirun else None)
     completed = False  # a rank that fails leaves the process group without waiting for others
+    main = threading.current_thread() is threading.main_thread()
+    # SIGTERM outside the training steps (preparing data, decoding the test sets) is said in one
+    # line like Ctrl-C; the training loop catches it itself while it trains
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if main else None
     try:
         metrics = _run(cfg, directory, multirun)
         completed = True
@@ -202,6 +209,12 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
     except TrainingInterrupted as stop:
         log.error("%s", stop)
         sys.exit(stop.exit_code)
+    except Terminated:
+        log.error(
+            "stopped (SIGTERM) outside the training steps; what was saved stays: run the same "
+            "command again to go on from the last checkpoint"
+        )
+        sys.exit(128 + signal.SIGTERM)
     except KeyboardInterrupt:
         log.error(
             "interrupted (Ctrl-C) outside the training steps; what was saved stays: run the same "
@@ -209,6 +222,8 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
         )
         sys.exit(130)
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
         directory.close()
         distributed.teardown(wait=completed)
 

@@ -32,7 +32,8 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: raised where the process is, like Ctrl-C, so its cleanup runs."""
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
+def raise_terminated(signum: int, frame: Any) -> None:
+    """A SIGTERM handler: raise :class:`Terminated` where the process is."""
     raise Terminated
 
 
@@ -46,7 +47,7 @@ def one_line_errors(
     main thread SIGTERM raises :class:`Terminated` for the block (Python's default would end
     the process without running any ``finally``, leaving half-written folders behind)."""
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if main else None
     try:
         yield
     except known as err:
