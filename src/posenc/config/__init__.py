@@ -31,6 +31,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
+from posenc.config.resolved import flatten, plain
 from posenc.config.roles import Role, keys_with
 
 #: the Hydra configs, shipped inside the package (``src/posenc/configs``, which the checkout's
@@ -406,38 +407,6 @@ SETTINGS: dict[str, Setting] = {
 }
 
 
-def plain(node: Mapping) -> dict:
-    """A config node as a plain, resolved dict.
-
-    Raises:
-        ValueError: a value's interpolation cannot be resolved (one line naming its key).
-    """
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(node):
-        try:
-            return OmegaConf.to_container(node, resolve=True)
-        except Exception as err:  # omegaconf's errors: a grammar, a resolver, a missing key
-            raise ValueError(unresolvable(node, err)) from None
-    return dict(node)
-
-
-def unresolvable(node: Any, err: Exception) -> str:
-    """One line for the first value of ``node`` (a DictConfig) whose interpolation cannot be
-    resolved: its key, its text and why (``err``'s first line where no single value fails)."""
-    from omegaconf import OmegaConf
-
-    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-    for key, value in flatten(OmegaConf.to_container(node, resolve=False)).items():
-        if isinstance(value, str) and "${" in value:
-            try:
-                OmegaConf.select(node, key, throw_on_missing=True)
-            except Exception as failed:
-                why = str(failed).splitlines()[0] if str(failed) else type(failed).__name__
-                return f"{key}={value} cannot be resolved ({why}); give a plain value"
-    return f"the config cannot be resolved ({reason})"
-
-
 def reported_settings(cfg: Mapping) -> dict[str, Any]:
     """The flattened settings a run's results depend on (and its seed): what HParams and
     MLflow show; scalars stay scalars, anything else becomes its string."""
@@ -479,16 +448,6 @@ def check_types(cfg: Mapping) -> None:
             setting.check(key, value)
     if isinstance(cfg.get("eval"), Mapping):
         check_decoding(cfg["eval"])
-
-
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and empty mappings stay values."""
-    if isinstance(node, Mapping) and node:
-        flat: dict[str, Any] = {}
-        for key, value in node.items():
-            flat.update(flatten(value, f"{prefix}{key}."))
-        return flat
-    return {prefix[:-1]: node} if prefix else {}
 
 
 # ---------------------------------------------------------------- overrides to paste
