@@ -331,14 +331,16 @@ def restore(archive: Path, sweep: Path) -> None:
                 (work / relative).parent.mkdir(parents=True, exist_ok=True)
                 (work / relative).write_bytes(body)
             work.rename(sweep / name)
-            print(f"restored {name}")
         except UntrustedFileError as err:
-            print(f"not restored {name}: {err}")
+            said = f"not restored {name}: {err}"
         except OSError as err:  # a full or read-only disk: this run is not written, say so
-            print(f"not restored {name}: cannot write into {sweep} ({err.strerror})")
+            said = f"not restored {name}: cannot write into {sweep} ({err.strerror})"
+        else:
+            said = f"restored {name}"
         finally:
             if work is not None:
                 shutil.rmtree(work, ignore_errors=True)
+        print(said)
 
 
 def main(argv: list[str] | None = None) -> None:

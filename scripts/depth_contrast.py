@@ -17,10 +17,9 @@ import tempfile
 from pathlib import Path
 
 from posenc.analysis.depth_contrast import depth_contrasts, depth_losses, depth_table
-from posenc.analysis.headline import read_sweep
-from posenc.analysis.plan import PlanError, load_plan, provenance
+from posenc.analysis.headline import add_comparison_arguments, read_sweep
+from posenc.analysis.plan import plan_of, provenance
 from posenc.analysis.report.runs import ReportError
-from posenc.config import reference_encoding
 from posenc.config.variants import split_labels
 from posenc.runtime.files import write_text
 
@@ -29,20 +28,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shallow", required=True, help="LABEL=SWEEP_DIR")
     parser.add_argument("--deep", required=True, help="LABEL=SWEEP_DIR")
-    parser.add_argument("--systems", required=True, help="comma-separated, as reports name them")
-    parser.add_argument(
-        "--baseline", default=reference_encoding(), help="default: the reference encoding"
-    )
-    parser.add_argument("--splits", default="tatoeba-clean,europarl-clean,test")
-    parser.add_argument("--bootstrap", type=int, default=1000, help="resampled test sets")
-    parser.add_argument("--out", type=Path, required=True, help="folder for depth.md")
-    parser.add_argument("--plan", type=Path, help="the analysis plan (YAML) declaring the family")
-    parser.add_argument("--family", help="the plan's family these comparisons are")
+    add_comparison_arguments(parser, "tatoeba-clean,europarl-clean,test", "depth.md")
     args = parser.parse_args()
-    try:
-        plan = load_plan(args.plan) if args.plan else None
-    except PlanError as err:
-        sys.exit(f"depth_contrast: {err}")
+    plan = plan_of(args.plan, "depth_contrast")
     margins = plan.margins if plan else None
     systems, splits = split_labels(args.systems), args.splits.split(",")
     (shallow, shallow_dir), (deep, deep_dir) = (

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from posenc.analysis.headline import (
     MAX_SYSTEMS,
+    add_comparison_arguments,
     depth_changes,
     headline,
     headline_table,
@@ -27,9 +28,8 @@ from posenc.analysis.headline import (
     plot_loss_headline,
     read_sweep,
 )
-from posenc.analysis.plan import PlanError, load_plan, provenance
+from posenc.analysis.plan import plan_of, provenance
 from posenc.analysis.report.runs import ReportError
-from posenc.config import reference_encoding
 from posenc.config.variants import split_labels
 from posenc.runtime.files import write_text
 
@@ -37,20 +37,9 @@ from posenc.runtime.files import write_text
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="append", required=True, help="LABEL=SWEEP_DIR")
-    parser.add_argument("--systems", required=True, help="comma-separated, as reports name them")
-    parser.add_argument(
-        "--baseline", default=reference_encoding(), help="default: the reference encoding"
-    )
-    parser.add_argument("--splits", default="tatoeba-clean,test,europarl")
-    parser.add_argument("--bootstrap", type=int, default=1000, help="resampled test sets")
-    parser.add_argument("--out", type=Path, required=True, help="folder for headline.md, PNGs")
-    parser.add_argument("--plan", type=Path, help="the analysis plan (YAML) declaring the family")
-    parser.add_argument("--family", help="the plan's family these comparisons are")
+    add_comparison_arguments(parser, "tatoeba-clean,test,europarl", "headline.md, PNGs")
     args = parser.parse_args()
-    try:
-        plan = load_plan(args.plan) if args.plan else None
-    except PlanError as err:
-        sys.exit(f"headline: {err}")
+    plan = plan_of(args.plan, "headline")
     splits = args.splits.split(",")
     systems = split_labels(args.systems)
     if len(systems) > MAX_SYSTEMS:

@@ -145,6 +145,16 @@ def torchrun(run_dir: Path, *overrides: str, procs: int = 2) -> subprocess.Compl
     )
 
 
+def run_script(name: str, *args: object) -> subprocess.CompletedProcess:
+    """``python scripts/NAME.py ARGS``, its output captured as text, its status not checked."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / f"{name}.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
 #: the references of :func:`scored_entry`'s runs
 SCORED_REFERENCES = [f"the cat number {i} sat on the mat near door {i % 7}" for i in range(40)]
 

@@ -5,17 +5,15 @@ each depth), the test sentences' noise that of the whole four-term contrast."""
 from __future__ import annotations
 
 import statistics
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, SCORED_REFERENCES
+from conftest import SCORED_REFERENCES, run_script
 from conftest import scored_entry as entry
 from sacrebleu import corpus_bleu, corpus_chrf
 from scipy import stats
 
-from posenc.analysis.decision import compare_scores, contrast_deviation, sentence_statistics
+from posenc.analysis.decision import contrast_deviation, sentence_statistics
 from posenc.analysis.depth_contrast import (
     NARROWER,
     WIDER,
@@ -117,34 +115,22 @@ def test_validation_loss_gaps_are_compared_across_depths():
     assert depth_losses(shallow, {"nonepe": {0: 1.0}}, ["rope"], "nonepe")[0].verdict() == "-"
 
 
-def test_the_size_of_the_contrast_is_the_rules_on_the_gaps():
-    """With no interaction the gaps at the two depths are two samples of one distribution; the
-    contrast is :func:`compare_scores` on them, whose size the grid of tests/test_decision.py
-    holds at 5%: here a direct check at five paired seeds."""
-    rng = np.random.default_rng(11)
-    calls = 0
-    for _ in range(2_000):
-        deep = dict(enumerate(rng.normal(0.3, 1.0, 5)))
-        shallow = dict(enumerate(rng.normal(0.3, 1.0, 5)))
-        calls += compare_scores(deep, shallow).p < 0.05
-    assert calls / 2_000 <= 0.05 + 3 * (0.05 * 0.95 / 2_000) ** 0.5
-
-
 def test_the_script_refuses_a_bad_plan_before_reading_any_sweep(tmp_path):
     plan = tmp_path / "plan.yaml"
     plan.write_text("families: []\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "depth_contrast.py"),
-            *("--shallow", f"a={tmp_path / 'none'}", "--deep", f"b={tmp_path / 'none'}"),
-            *("--systems", "rope", "--out", str(tmp_path / "out"), "--plan", str(plan)),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+    none = tmp_path / "none"
+    done = run_script(
+        "depth_contrast",
+        "--shallow",
+        f"a={none}",
+        "--deep",
+        f"b={none}",
+        "--systems",
+        "rope",
+        "--out",
+        tmp_path / "out",
+        "--plan",
+        plan,
     )
     assert done.returncode != 0
-    assert done.stderr.strip() == (
-        f"depth_contrast: plan {plan}: 'families' lists no family"
-    )
+    assert done.stderr.strip() == (f"depth_contrast: plan {plan}: 'families' lists no family")

@@ -3,11 +3,8 @@ every cell judged by the decision rule as one family, drawn as small multiples."
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from conftest import ROOT
+from conftest import run_script
 from conftest import scored_entry as entry
 
 from posenc.analysis.headline import (
@@ -88,20 +85,9 @@ def test_a_figure_holds_at_most_max_systems(tmp_path):
 
 def test_the_script_refuses_too_many_systems_before_reading_any_sweep(tmp_path):
     systems = ",".join(f"s{i}" for i in range(MAX_SYSTEMS + 1))
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "headline.py"),
-            "--sweep",
-            f"d={tmp_path / 'none'}",
-            "--systems",
-            systems,
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+    out = tmp_path / "out"
+    done = run_script(
+        "headline", "--sweep", f"d={tmp_path / 'none'}", "--systems", systems, "--out", out
     )
     assert done.returncode != 0
     assert done.stderr.strip() == (

@@ -1,14 +1,12 @@
 """A run retrained from its own saved settings (``scripts/rerun.py RUN NEW``) trains what the
-run trained: the same logged training losses, whatever the defaults are now."""
+run trained: the same logged losses and validation losses."""
 
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT, SMOKE, compose
+from conftest import SMOKE, compose, run_script
 
 from posenc.job import run
 
@@ -24,15 +22,6 @@ def losses(run_dir) -> list[tuple[str, str, str]]:
     return [(r["tag"], r["step"], r["value"]) for r in rows if r["tag"].startswith(wanted)]
 
 
-def rerun(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "rerun.py"), *map(str, args)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("rerun") / "pe=rope"
@@ -41,17 +30,17 @@ def trained(tmp_path_factory):
 
 
 def test_a_rerun_trains_what_the_run_trained(trained, tmp_path):
-    done = rerun(trained, tmp_path / "again")
+    done = run_script("rerun", trained, tmp_path / "again")
     assert done.returncode == 0, done.stderr
     assert losses(trained) and losses(tmp_path / "again") == losses(trained)
     assert "step 10/10" in (tmp_path / "again" / "train.log").read_text()
 
 
 def test_a_rerun_over_its_own_run_or_with_an_unknown_key_is_one_line(trained, tmp_path):
-    itself = rerun(trained, trained)
+    itself = run_script("rerun", trained, trained)
     assert itself.returncode != 0
     assert itself.stderr.strip() == f"rerun: NEW_DIR is {trained} itself; give a new folder"
-    typo = rerun(trained, tmp_path / "typo", "trainer.max_stepz=3")
+    typo = run_script("rerun", trained, tmp_path / "typo", "trainer.max_stepz=3")
     assert typo.returncode != 0 and len(typo.stderr.strip().splitlines()) == 1
     assert "max_stepz" in typo.stderr
-    assert rerun(tmp_path / "nothing", tmp_path / "new").returncode != 0
+    assert run_script("rerun", tmp_path / "nothing", tmp_path / "new").returncode != 0

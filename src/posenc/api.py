@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from posenc.config import MAX_BEAM
+from posenc.config import EvalConfig
 from posenc.data.streams import MAX_LINE_CHARS
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.decode import DecodeSettings, decode_nbest, decode_sources
@@ -65,8 +65,9 @@ class TrainedRun:
         least that wide."""
         settings = DecodeSettings.of(self.config)
         if beam_size is not None:
-            settings = replace(settings, beam_size=_count("beam_size", beam_size, MAX_BEAM))
-        _count("nbest", nbest, MAX_BEAM)
+            EvalConfig.settings()["eval.beam_size"].check("beam_size", beam_size)
+            settings = replace(settings, beam_size=beam_size)
+        EvalConfig.settings()["eval.beam_size"].check("nbest", nbest)  # the same range
         sentences = list(sentences)
         for number, sentence in enumerate(sentences):
             if not isinstance(sentence, str):
@@ -87,13 +88,6 @@ class TrainedRun:
         found, _ = decode_nbest(self.model, self.tokenizer, sources, settings, self.device, nbest)
         texts = iter(self.tokenizer.decode_batch([h.tokens for hyps in found for h in hyps]))
         return [[(h.score, next(texts)) for h in hyps] for hyps in found]
-
-
-def _count(name: str, value: object, most: int) -> int:
-    """``value`` when it is a whole number from 1 to ``most``; else ValueError (one line)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise ValueError(f"{name} must be a whole number from 1 to {most}, got {value!r}")
-    return value
 
 
 def load_run(path: str | Path, *overrides: str) -> TrainedRun:

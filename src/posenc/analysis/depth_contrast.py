@@ -20,26 +20,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from posenc.analysis.decision import (
-    ALPHA,
     Comparison,
     compare_scores,
     contrast_deviation,
-    equivalence,
-    holm,
 )
 from posenc.analysis.report.findings import (
-    EQUIVALENT,
     LOOP_CEILING,
     METRICS,
-    NOISE,
     NOISE_FLOOR_BLEU,
-    NOT_RESOLVED,
-    ONE_SEED,
-    WORSE,
     Judgement,
     StatisticsCache,
     by_seed,
     judge_family,
+    judge_single_scores,
+    named_verdict,
+    single_score_verdict,
+    tested_p,
 )
 from posenc.analysis.report.runs import Entry
 
@@ -64,11 +60,7 @@ class DepthCell:
     def verdict(self) -> str:
         """:data:`WIDER`/:data:`NARROWER` for a finding (by BLEU's sign; the system's gap
         over the baseline, so "grows" means the system gains on it with depth), else why not."""
-        if self.judgement is None:
-            return "-"
-        if self.judgement.verdict != WORSE:
-            return self.judgement.verdict
-        return WIDER if self.judgement.first_leads else NARROWER
+        return named_verdict(self.judgement, WIDER, NARROWER)
 
 
 def gaps(system: Sequence[Entry], baseline: Sequence[Entry], metric: str) -> dict[int, float]:
@@ -152,17 +144,7 @@ class DepthLoss:
     def verdict(self) -> str:
         """:data:`WIDER` (the system's loss falls further below the baseline's with depth) or
         :data:`NARROWER` for a finding, else why not."""
-        comparison = self.comparison
-        if comparison is None:
-            return "-"
-        if comparison.p is None:
-            return ONE_SEED
-        if self.p_holm is None or self.p_holm >= ALPHA:
-            if self.margin is None:
-                return NOISE
-            shown = self.p_equivalence is not None and self.p_equivalence < ALPHA
-            return EQUIVALENT if shown else NOT_RESOLVED
-        return WIDER if comparison.difference < 0 else NARROWER
+        return single_score_verdict(self, WIDER, NARROWER)
 
 
 def depth_losses(
@@ -183,18 +165,8 @@ def depth_losses(
             gap_shallow = {s: sides[2][s] - sides[3][s] for s in sides[2] if s in sides[3]}
             if gap_deep and gap_shallow:
                 comparison = compare_scores(gap_deep, gap_shallow)
-        cells.append(DepthLoss(system, comparison, margin=margin))
-    tested = {
-        i: c.comparison.p
-        for i, c in enumerate(cells)
-        if c.comparison is not None and c.comparison.p is not None
-    }
-    for i, p in holm(tested).items():
-        cells[i].p_holm = p
-    if margin is not None:
-        shown = {i: equivalence(cells[i].comparison, margin) for i in tested}  # type: ignore[arg-type]
-        for i, p in holm({i: p for i, p in shown.items() if p is not None}).items():
-            cells[i].p_equivalence = p
+        cells.append(DepthLoss(system, comparison))
+    judge_single_scores(cells, margin)
     return cells
 
 
@@ -224,11 +196,7 @@ def depth_table(
         else:
             row.append(f"{loss.comparison.text(3)} {loss.verdict()}")
         lines.append(f"| {system} | " + " | ".join(row) + " |")
-    tests = sum(
-        sum(c.p is not None for c in cell.judgement.comparisons.values())
-        for cell in cells
-        if cell.judgement is not None and not cell.judgement.floor and not cell.judgement.split
-    )
+    tests = len(tested_p([c.judgement for c in cells if c.judgement is not None]))
     loss_tests = sum(c.p_holm is not None for c in losses)
     lines += [
         "",

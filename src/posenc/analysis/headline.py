@@ -11,24 +11,26 @@ panel per split, the systems down the side, one marker per depth, at most
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from posenc.analysis.decision import ALPHA, Comparison, compare_scores, equivalence, holm
+from posenc.analysis.decision import Comparison, compare_scores
+from posenc.analysis.plan import add_plan_arguments
 from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.findings import (
-    EQUIVALENT,
-    NOISE,
-    NOT_RESOLVED,
     ONE_SEED,
     SPLIT,
     UNINFORMATIVE,
-    WORSE,
     Judgement,
     StatisticsCache,
     judge_family,
     judge_pair,
+    judge_single_scores,
+    named_verdict,
+    single_score_verdict,
+    tested_p,
 )
 from posenc.analysis.report.render import new_figure
 from posenc.analysis.report.runs import (
@@ -38,6 +40,7 @@ from posenc.analysis.report.runs import (
     load_run,
     split_entries,
 )
+from posenc.config import reference_encoding
 from posenc.runtime.figures import save_figure
 from posenc.runtime.rundir import find_run_dirs
 
@@ -71,11 +74,7 @@ class Cell:
 
     def verdict(self) -> str:
         """``ahead``/``behind`` for a finding, else the rule it failed (``-`` when missing)."""
-        if self.judgement is None:
-            return "-"
-        if self.judgement.verdict != WORSE:
-            return self.judgement.verdict
-        return "ahead" if self.judgement.first_leads else "behind"
+        return named_verdict(self.judgement, "ahead", "behind")
 
 
 @dataclass
@@ -93,18 +92,22 @@ class LossCell:
     margin: float | None = None
 
     def verdict(self) -> str:
-        """``ahead`` (lower loss) or ``behind`` for a finding, else why not (with a margin:
-        equivalent within it, or not resolved)."""
-        if self.comparison is None:
-            return "-"
-        if self.comparison.p is None:
-            return ONE_SEED
-        if self.p_holm is None or self.p_holm >= ALPHA:
-            if self.margin is None:
-                return NOISE
-            shown = self.p_equivalence is not None and self.p_equivalence < ALPHA
-            return EQUIVALENT if shown else NOT_RESOLVED
-        return "ahead" if self.comparison.difference < 0 else "behind"
+        """``ahead`` (lower loss) or ``behind`` for a finding, else why not."""
+        return single_score_verdict(self, "ahead", "behind")
+
+
+def add_comparison_arguments(parser: argparse.ArgumentParser, splits: str, out: str) -> None:
+    """The arguments of a command that sets systems against a baseline: ``--systems``,
+    ``--baseline``, ``--splits`` (default ``splits``), ``--bootstrap``, ``--out`` (``out``: what
+    it holds) and a plan's ``--plan``/``--family``."""
+    parser.add_argument("--systems", required=True, help="comma-separated, as reports name them")
+    parser.add_argument(
+        "--baseline", default=reference_encoding(), help="default: the reference encoding"
+    )
+    parser.add_argument("--splits", default=splits)
+    parser.add_argument("--bootstrap", type=int, default=1000, help="resampled test sets")
+    parser.add_argument("--out", type=Path, required=True, help=f"folder for {out}")
+    add_plan_arguments(parser)
 
 
 def read_sweep(
@@ -178,18 +181,8 @@ def loss_headline(
             comparison = None
             if found.get(system) and found.get(baseline):
                 comparison = compare_scores(found[system], found[baseline])
-            family.append(LossCell(depth, system, comparison, margin=margin))
-        tested = {
-            i: c.comparison.p
-            for i, c in enumerate(family)
-            if c.comparison is not None and c.comparison.p is not None
-        }
-        for i, p in holm(tested).items():
-            family[i].p_holm = p
-        if margin is not None:
-            shown = {i: equivalence(family[i].comparison, margin) for i in tested}
-            for i, p in holm({i: p for i, p in shown.items() if p is not None}).items():
-                family[i].p_equivalence = p
+            family.append(LossCell(depth, system, comparison))
+        judge_single_scores(family, margin)
         cells += family
     return cells
 
@@ -263,15 +256,16 @@ def headline_table(cells: Sequence[Cell], metric: str, baseline: str) -> list[st
 
 
 def family_sizes(cells: Sequence[Cell] | Sequence[LossCell]) -> str:
-    """``1+1 layers: 36 tests, 3+3 layers: 48 tests``: each depth family's tests (a metric of a
-    cell compared above the quality floor with two seeds a side or more)."""
-    sizes: dict[str, int] = {}
-    for cell in cells:
-        sizes.setdefault(cell.depth, 0)
-        if isinstance(cell, LossCell):
-            sizes[cell.depth] += cell.comparison is not None and cell.comparison.p is not None
-        elif cell.judgement is not None and not cell.judgement.floor:
-            sizes[cell.depth] += sum(c.p is not None for c in cell.judgement.comparisons.values())
+    """``1+1 layers: 36 tests, 3+3 layers: 48 tests``: each depth family's tests (those its
+    correction counted: :func:`~posenc.analysis.report.findings.tested_p`, or the validation
+    losses with a p-value)."""
+    sizes = {}
+    for depth in dict.fromkeys(c.depth for c in cells):
+        here = [c for c in cells if c.depth == depth]
+        if all(isinstance(c, LossCell) for c in here):
+            sizes[depth] = sum(c.p_holm is not None for c in here)
+        else:
+            sizes[depth] = len(tested_p([c.judgement for c in here if c.judgement is not None]))
     return ", ".join(f"{depth}: {n} tests" for depth, n in sizes.items())
 
 

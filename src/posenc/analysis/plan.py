@@ -9,6 +9,7 @@ The file is untrusted input: every key is checked, and a bad one is one line nam
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,16 +74,6 @@ class Plan:
     def family(self, name: str) -> Family | None:
         """The family called ``name`` (None when the plan has none by that name)."""
         return next((f for f in self.families if f.name == name), None)
-
-    @property
-    def tests(self) -> int:
-        """The number of tests over all its families."""
-        return sum(f.tests for f in self.families)
-
-    def families_with_a_false_finding(self, alpha: float = 0.05) -> float:
-        """The most families the plan expects to hold a false finding: each family's correction
-        keeps its chance of any at ``alpha``, so ``alpha`` times the number of families."""
-        return alpha * len(self.families)
 
 
 def _require(mapping: dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -177,3 +168,18 @@ def provenance(plan: Plan | None, family: str | None) -> str:
     if found.exploratory:
         return f"**Exploratory**: {head}, formed {found.declared}."
     return f"{head}, declared on {plan.declared} {BEFORE}."
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--plan FILE`` and ``--family NAME``, the family of a plan a command's comparisons are."""
+    parser.add_argument("--plan", type=Path, help="the analysis plan (YAML) declaring the family")
+    parser.add_argument("--family", help="the plan's family these comparisons are")
+
+
+def plan_of(path: Path | None, command: str) -> Plan | None:
+    """The plan at ``path`` (None without one); SystemExit with one line, naming ``command``,
+    when it cannot be read as a plan."""
+    try:
+        return load_plan(path) if path is not None else None
+    except PlanError as err:
+        raise SystemExit(f"{command}: {err}") from None

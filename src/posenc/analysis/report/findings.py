@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -257,6 +258,62 @@ def judge_family(
             if (i, m) in tested
         }
         judgement.verdict = verdict(judgement)
+
+
+def named_verdict(judgement: Judgement | None, leads: str, trails: str) -> str:
+    """``leads`` or ``trails`` for a finding (by who leads on BLEU), else the judgement's own
+    verdict (``-`` without one)."""
+    if judgement is None:
+        return "-"
+    if judgement.verdict != WORSE:
+        return judgement.verdict
+    return leads if judgement.first_leads else trails
+
+
+class SingleScore(Protocol):
+    """A comparison on one score whose only noise is the seeds' (a validation loss): what
+    :func:`judge_single_scores` reads and sets."""
+
+    comparison: Comparison | None
+    p_holm: float | None
+    p_equivalence: float | None
+    margin: float | None
+
+
+def judge_single_scores(cells: Sequence[SingleScore], margin: float | None = None) -> None:
+    """Correct the p-values of ``cells`` (those with a test) as one family with Holm's method;
+    with a ``margin``, also test each for equivalence within it (two one-sided tests, Holm over
+    the family)."""
+    tested = {
+        i: c.comparison.p
+        for i, c in enumerate(cells)
+        if c.comparison is not None and c.comparison.p is not None
+    }
+    for i, p in holm(tested).items():
+        cells[i].p_holm = p
+    for cell in cells:
+        cell.margin = margin
+    if margin is not None:
+        shown = {i: equivalence(cells[i].comparison, margin) for i in tested}  # type: ignore[arg-type]
+        for i, p in holm({i: p for i, p in shown.items() if p is not None}).items():
+            cells[i].p_equivalence = p
+
+
+def single_score_verdict(cell: SingleScore, lower: str, higher: str) -> str:
+    """``lower`` or ``higher`` (the sign of the difference) for a finding, else why not: ``-``
+    without a comparison, one seed only, within noise, or with a margin equivalent within it
+    or not resolved."""
+    comparison = cell.comparison
+    if comparison is None:
+        return "-"
+    if comparison.p is None:
+        return ONE_SEED
+    if cell.p_holm is None or cell.p_holm >= ALPHA:
+        if cell.margin is None:
+            return NOISE
+        shown = cell.p_equivalence is not None and cell.p_equivalence < ALPHA
+        return EQUIVALENT if shown else NOT_RESOLVED
+    return lower if comparison.difference < 0 else higher
 
 
 def verdict(judgement: Judgement) -> str:
