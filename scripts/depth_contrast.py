@@ -7,6 +7,9 @@ Usage: ``python scripts/depth_contrast.py --shallow "1+1 layers=outputs/sweeps/s
 (pe.cross_attention=rotated)" [--baseline nonepe] --splits tatoeba-clean,europarl-clean,test
 --out docs/study/depth_recipe [--plan docs/study/plans/depth_recipe.yaml --family "depth at
 equal recipe"]``. Without a plan's family the page says its verdicts are exploratory.
+
+With ``--steps 2000,4000`` it judges the validation losses the curves logged at those steps
+instead (one family, no test set scored) and writes ``depth_steps.md``.
 """
 
 from __future__ import annotations
@@ -24,23 +27,41 @@ from posenc.config.variants import split_labels
 from posenc.runtime.files import write_text
 
 
+def steps_of(text: str) -> tuple[int, ...]:
+    """``2000,4000`` -> ``(2000, 4000)``; a clear error for anything else."""
+    try:
+        steps = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        steps = ()
+    if not steps or min(steps) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of positive steps (2000,4000)")
+    return steps
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shallow", required=True, help="LABEL=SWEEP_DIR")
     parser.add_argument("--deep", required=True, help="LABEL=SWEEP_DIR")
     add_comparison_arguments(parser, "tatoeba-clean,europarl-clean,test", "depth.md")
+    parser.add_argument(
+        "--steps", type=steps_of, default=(), help="comma-separated steps: losses at equal steps"
+    )
     args = parser.parse_args()
     plan = plan_of(args.plan, "depth_contrast")
     margins = plan.margins if plan else None
-    systems, splits = split_labels(args.systems), args.splits.split(",")
+    systems = split_labels(args.systems)
+    splits = [] if args.steps else args.splits.split(",")  # losses at steps score no test set
     (shallow, shallow_dir), (deep, deep_dir) = (
         (label, Path(folder))
         for label, _, folder in (item.partition("=") for item in (args.shallow, args.deep))
     )
+    at = list(args.steps) or [None]
+    low_losses, high_losses = {}, {}
     with tempfile.TemporaryDirectory() as scratch:
         try:
-            low, low_losses = read_sweep(shallow_dir, splits, Path(scratch) / "shallow")
-            high, high_losses = read_sweep(deep_dir, splits, Path(scratch) / "deep")
+            for step in at:
+                low, low_losses[step] = read_sweep(shallow_dir, splits, Path(scratch) / "1", step)
+                high, high_losses[step] = read_sweep(deep_dir, splits, Path(scratch) / "2", step)
             cells = depth_contrasts(low, high, systems, args.baseline, args.bootstrap, margins)
         except ReportError as err:
             sys.exit(f"depth_contrast: {err}")
@@ -55,7 +76,7 @@ def main() -> int:
         "",
     ]
     args.out.mkdir(parents=True, exist_ok=True)
-    write_text(args.out / "depth.md", "\n".join(lines))
+    write_text(args.out / ("depth_steps.md" if args.steps else "depth.md"), "\n".join(lines))
     print("\n".join(lines))
     return 0
 

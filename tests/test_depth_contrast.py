@@ -5,6 +5,7 @@ each depth), the test sentences' noise that of the whole four-term contrast."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +23,9 @@ from posenc.analysis.depth_contrast import (
     depth_table,
     gaps,
 )
+from posenc.analysis.headline import validation_losses
 from posenc.analysis.report.findings import EQUIVALENT, NOISE, NOT_RESOLVED
+from posenc.analysis.report.runs import Run
 
 SEEDS = (0, 1, 2, 3, 4)
 
@@ -100,19 +103,52 @@ def test_a_gap_that_grows_with_depth_is_a_finding_and_one_that_stays_is_not(tmp_
 def test_validation_loss_gaps_are_compared_across_depths():
     shallow = {"nonepe": {0: 5.0, 1: 5.1, 2: 4.9}, "rope": {0: 4.9, 1: 5.0, 2: 4.8}}
     deep = {"nonepe": {0: 4.0, 1: 4.1, 2: 3.9}, "rope": {0: 3.5, 1: 3.61, 2: 3.39}}
-    (cell,) = depth_losses(shallow, deep, ["rope"], "nonepe")
+    (cell,) = depth_losses({None: shallow}, {None: deep}, ["rope"], "nonepe")
     gap_deep, gap_shallow = [-0.5, -0.49, -0.51], [-0.1, -0.1, -0.1]
     assert cell.comparison.difference == pytest.approx(-0.4)
     expected = stats.ttest_rel(gap_deep, gap_shallow).pvalue
     assert cell.comparison.p == pytest.approx(expected) and cell.verdict() == WIDER
-    (same,) = depth_losses(shallow, shallow, ["rope"], "nonepe", margin=0.05)
+    (same,) = depth_losses({None: shallow}, {None: shallow}, ["rope"], "nonepe", margin=0.05)
     assert same.verdict() == EQUIVALENT
     noisy = {"nonepe": {0: 4.0, 1: 4.1, 2: 3.9}, "rope": {0: 3.6, 1: 4.4, 2: 3.9}}
-    (wide,) = depth_losses(shallow, noisy, ["rope"], "nonepe", margin=0.05)
+    (wide,) = depth_losses({None: shallow}, {None: noisy}, ["rope"], "nonepe", margin=0.05)
     assert wide.verdict() == NOT_RESOLVED
-    (plain,) = depth_losses(shallow, noisy, ["rope"], "nonepe")
+    (plain,) = depth_losses({None: shallow}, {None: noisy}, ["rope"], "nonepe")
     assert plain.verdict() == NOISE
-    assert depth_losses(shallow, {"nonepe": {0: 1.0}}, ["rope"], "nonepe")[0].verdict() == "-"
+    lone = {None: {"nonepe": {0: 1.0}}}
+    assert depth_losses({None: shallow}, lone, ["rope"], "nonepe")[0].verdict() == "-"
+
+
+def test_losses_at_equal_steps_are_read_from_the_curves_and_judged_as_one_family():
+    """``step`` reads the validation loss each run logged at that step (a run that did not is
+    left out); every step's cells are one family under Holm's correction."""
+
+    def run(seed: int, best: float, logged: dict[int, float]) -> Run:
+        steps = np.array(sorted(logged), dtype=float)
+        curve = (steps, np.array([logged[s] for s in sorted(logged)]))
+        return Run(
+            f"r{seed}",
+            Path(f"r{seed}"),
+            {"seed": seed},
+            curves={"steps": curve},
+            train={"best_valid_loss": best},
+        )
+
+    runs = [run(0, 3.0, {2000: 4.0, 4000: 3.5}), run(1, 3.1, {2000: 4.2})]
+    assert dict(validation_losses(runs, 2000)) == {0: 4.0, 1: 4.2}
+    assert dict(validation_losses(runs, 4000)) == {0: 3.5}
+    assert dict(validation_losses(runs, None)) == {0: 3.0, 1: 3.1}
+    shallow = {"nonepe": {0: 5.0, 1: 5.1, 2: 4.9}, "rope": {0: 4.9, 1: 5.0, 2: 4.8}}
+    deep = {"nonepe": {0: 4.0, 1: 4.1, 2: 3.9}, "rope": {0: 3.5, 1: 3.62, 2: 3.39}}
+    alone = depth_losses({2000: shallow}, {2000: deep}, ["rope"], "nonepe")
+    both = depth_losses(
+        {2000: shallow, 4000: shallow}, {2000: deep, 4000: deep}, ["rope"], "nonepe"
+    )
+    assert [c.step for c in both] == [2000, 4000]
+    assert both[0].p_holm == pytest.approx(min(1.0, 2 * alone[0].comparison.p))
+    table = "\n".join(depth_table([], both, "1+1", "3+3"))
+    assert "validation loss at step 2,000 | validation loss at step 4,000" in table
+    assert "validation losses one family (2 tests)" in table and "BLEU" not in table
 
 
 def test_the_script_refuses_a_bad_plan_before_reading_any_sweep(tmp_path):

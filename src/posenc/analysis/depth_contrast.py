@@ -132,11 +132,13 @@ def depth_contrasts(
 
 @dataclass
 class DepthLoss:
-    """One system's difference of differences in best validation loss (nats; negative: the
-    system gains on the baseline with depth), its Holm-adjusted p and equivalence p."""
+    """One system's difference of differences in validation loss (nats; negative: the system
+    gains on the baseline with depth) at one ``step`` (None: the best validation loss), its
+    Holm-adjusted p and equivalence p."""
 
     system: str
     comparison: Comparison | None
+    step: int | None = None
     p_holm: float | None = None
     p_equivalence: float | None = None
     margin: float | None = None
@@ -148,38 +150,47 @@ class DepthLoss:
 
 
 def depth_losses(
-    shallow: Losses,
-    deep: Losses,
+    shallow: Mapping[int | None, Losses],
+    deep: Mapping[int | None, Losses],
     systems: Sequence[str],
     baseline: str,
     margin: float | None = None,
 ) -> list[DepthLoss]:
-    """Every system's difference of differences in best validation loss, one family (the seeds
-    the only noise: one validation set)."""
+    """Every system's difference of differences in validation loss at every step of ``deep``
+    (``step -> losses``, None the best validation loss; the same step of ``shallow``), one
+    family (the seeds the only noise: one validation set)."""
     cells = []
-    for system in systems:
-        comparison = None
-        sides = [where.get(name) for where in (deep, shallow) for name in (system, baseline)]
-        if all(sides):
-            gap_deep = {s: sides[0][s] - sides[1][s] for s in sides[0] if s in sides[1]}
-            gap_shallow = {s: sides[2][s] - sides[3][s] for s in sides[2] if s in sides[3]}
-            if gap_deep and gap_shallow:
-                comparison = compare_scores(gap_deep, gap_shallow)
-        cells.append(DepthLoss(system, comparison))
+    for step, found in deep.items():
+        other = shallow.get(step, {})
+        for system in systems:
+            comparison = None
+            sides = [where.get(name) for where in (found, other) for name in (system, baseline)]
+            if all(sides):
+                gap_deep = {s: sides[0][s] - sides[1][s] for s in sides[0] if s in sides[1]}
+                gap_shallow = {s: sides[2][s] - sides[3][s] for s in sides[2] if s in sides[3]}
+                if gap_deep and gap_shallow:
+                    comparison = compare_scores(gap_deep, gap_shallow)
+            cells.append(DepthLoss(system, comparison, step))
     judge_single_scores(cells, margin)
     return cells
+
+
+def loss_heading(step: int | None) -> str:
+    """A validation-loss column's heading: the best loss, or the loss at ``step``."""
+    return "validation loss (nats)" if step is None else f"validation loss at step {step:,}"
 
 
 def depth_table(
     cells: Sequence[DepthCell], losses: Sequence[DepthLoss], shallow: str, deep: str
 ) -> list[str]:
-    """Markdown: one row per system, one column per split and validation loss: the difference
-    of differences with its interval and the verdict."""
+    """Markdown: one row per system, one column per split and per validation-loss step: the
+    difference of differences with its interval and the verdict."""
     splits = list(dict.fromkeys(c.split for c in cells))
+    steps = list(dict.fromkeys(c.step for c in losses))
     at = {(c.system, c.split): c for c in cells}
-    loss_at = {c.system: c for c in losses}
+    loss_at = {(c.system, c.step): c for c in losses}
     systems = list(dict.fromkeys([c.system for c in cells] + [c.system for c in losses]))
-    head = [f"{split}: BLEU; chrF" for split in splits] + ["validation loss (nats)"]
+    head = [f"{split}: BLEU; chrF" for split in splits] + [loss_heading(s) for s in steps]
     lines = ["| system | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
     for system in systems:
         row = []
@@ -190,19 +201,25 @@ def depth_table(
                 continue
             found = cell.judgement.comparisons
             row.append(f"{found['bleu'].text()}; {found['chrf'].text()} {cell.verdict()}")
-        loss = loss_at.get(system)
-        if loss is None or loss.comparison is None:
-            row.append("-")
-        else:
-            row.append(f"{loss.comparison.text(3)} {loss.verdict()}")
+        for step in steps:
+            loss = loss_at.get((system, step))
+            if loss is None or loss.comparison is None:
+                row.append("-")
+            else:
+                row.append(f"{loss.comparison.text(3)} {loss.verdict()}")
         lines.append(f"| {system} | " + " | ".join(row) + " |")
     tests = len(tested_p([c.judgement for c in cells if c.judgement is not None]))
     loss_tests = sum(c.p_holm is not None for c in losses)
+    noise = "seeds and, for BLEU and chrF, resampled test sentences" if cells else "seeds"
+    families = []
+    if cells:
+        families.append(f"BLEU and chrF cells are one family ({tests} tests)")
+    if losses:
+        families.append(f"validation losses one family ({loss_tests} tests)")
     lines += [
         "",
         f"Each cell: (system minus the baseline at {deep}) minus (the same at {shallow}), the "
-        "mean over seeds with its 95% interval (seeds and, for BLEU and chrF, resampled test "
-        f"sentences as noise); BLEU and chrF cells are one family ({tests} tests), validation "
-        f"loss another ({loss_tests} tests), each under Holm's correction.",
+        f"mean over seeds with its 95% interval ({noise} as noise); {', '.join(families)}, "
+        "each under Holm's correction.",
     ]
     return lines

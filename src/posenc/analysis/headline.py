@@ -12,7 +12,7 @@ panel per split, the systems down the side, one marker per depth, at most
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from posenc.analysis.report.render import new_figure
 from posenc.analysis.report.runs import (
     Entry,
     ReportError,
+    Run,
     group_runs,
     load_run,
     split_entries,
@@ -111,10 +112,11 @@ def add_comparison_arguments(parser: argparse.ArgumentParser, splits: str, out: 
 
 
 def read_sweep(
-    folder: Path, splits: Sequence[str], scratch: Path
+    folder: Path, splits: Sequence[str], scratch: Path, step: int | None = None
 ) -> tuple[dict[str, Systems], Losses]:
-    """A sweep's entries by split (``NAME-clean`` splits scored into ``scratch``) and its best
-    validation losses by system and seed.
+    """A sweep's entries by split (``NAME-clean`` splits scored into ``scratch``) and its
+    validation losses by system and seed: the best, or with ``step`` the one its curve logged
+    at that step (a run that did not log it is left out).
 
     Raises:
         ReportError: the folder holds no run.
@@ -123,20 +125,27 @@ def read_sweep(
     if not runs:
         raise ReportError(f"no run under {folder}")
     groups = group_runs(runs)
-    losses = {
-        g.label: {
-            r.seed: float(r.train["best_valid_loss"])
-            for r in g.runs
-            if r.train.get("best_valid_loss") is not None
-        }
-        for g in groups
-    }
+    losses = {g.label: dict(validation_losses(g.runs, step)) for g in groups}
     bases = [s.removesuffix(SUFFIX) for s in splits if s.endswith(SUFFIX)]
     clean = clean_entries(groups, bases, scratch)
     entries = {
         s: clean.get(s, {}) if s.endswith(SUFFIX) else split_entries(groups, s) for s in splits
     }
     return entries, losses
+
+
+def validation_losses(runs: Sequence[Run], step: int | None) -> Iterator[tuple[int, float]]:
+    """``(seed, validation loss)`` of each run that has it: the best, or the one logged at
+    ``step``."""
+    for run in runs:
+        if step is None:
+            if run.train.get("best_valid_loss") is not None:
+                yield run.seed, float(run.train["best_valid_loss"])
+            continue
+        x, y = run.curves.get("steps", ((), ()))
+        at = [value for s, value in zip(x, y, strict=True) if int(s) == step]
+        if at:
+            yield run.seed, float(at[-1])
 
 
 def headline(
