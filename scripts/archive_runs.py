@@ -67,11 +67,12 @@ ARCHIVED = (
     "train_summary.json",
     "hypotheses.*.txt",
     "losses.*.tsv",
+    "valid_losses.tsv",
     "scalars.csv",
 )
 #: the files of a run trained but not evaluated (``save --trained``): its training alone, no
 #: half-written evaluation
-TRAINED = ("config.yaml", "train_summary.json", "scalars.csv")
+TRAINED = ("config.yaml", "train_summary.json", "valid_losses.tsv", "scalars.csv")
 #: the files kept once per archive by content (see the module docstring)
 SHARED = ("references.*.txt",)
 REFERENCES = "references"  # the archive's folder of shared files

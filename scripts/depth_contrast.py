@@ -60,13 +60,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         try:
             for step in at:
-                low, low_losses[step] = read_sweep(shallow_dir, splits, Path(scratch) / "1", step)
-                high, high_losses[step] = read_sweep(deep_dir, splits, Path(scratch) / "2", step)
-            cells = depth_contrasts(low, high, systems, args.baseline, args.bootstrap, margins)
+                low = read_sweep(shallow_dir, splits, Path(scratch) / "1", step)
+                high = read_sweep(deep_dir, splits, Path(scratch) / "2", step)
+                low_losses[step], high_losses[step] = low.losses, high.losses
+            cells = depth_contrasts(
+                low.entries, high.entries, systems, args.baseline, args.bootstrap, margins
+            )
         except ReportError as err:
             sys.exit(f"depth_contrast: {err}")
     margin = margins.get("valid_loss") if margins else None
-    losses = depth_losses(low_losses, high_losses, systems, args.baseline, margin)
+    kept = (low.sentences, high.sentences)
+    losses = depth_losses(
+        low_losses, high_losses, systems, args.baseline, margin, kept, args.bootstrap
+    )
     lines = [
         f"# What depth does: each system's gap to {args.baseline}, {deep} against {shallow}",
         "",

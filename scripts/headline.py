@@ -48,19 +48,20 @@ def main() -> int:
             "give fewer (or run the script once per group)"
         )
     with tempfile.TemporaryDirectory() as scratch:  # the clean splits' files, while read
-        sweeps, losses = {}, {}
+        sweeps, losses, sentences = {}, {}, {}
         try:
             for item in args.sweep:
                 label, _, folder = item.partition("=")
-                sweeps[label], losses[label] = read_sweep(
-                    Path(folder), splits, Path(scratch) / label
-                )
+                reading = read_sweep(Path(folder), splits, Path(scratch) / label)
+                sweeps[label], losses[label] = reading.entries, reading.losses
+                sentences[label] = reading.sentences
             margins = plan.margins if plan else None
             cells = headline(sweeps, systems, args.baseline, args.bootstrap, margins)
         except ReportError as err:
             sys.exit(f"headline: {err}")
+    margin = plan.margins.get("valid_loss") if plan else None
     loss_cells = loss_headline(
-        losses, systems, args.baseline, plan.margins.get("valid_loss") if plan else None
+        losses, systems, args.baseline, margin, sentences, samples=args.bootstrap
     )
     args.out.mkdir(parents=True, exist_ok=True)
     title = "# Headline: each system against " + args.baseline

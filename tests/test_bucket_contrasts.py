@@ -19,7 +19,7 @@ from posenc.analysis.bucket_contrasts import (
 )
 from posenc.analysis.decision import holm
 from posenc.analysis.report.runs import Entry, Run
-from posenc.evaluation.sentence_losses import SentenceLosses, write_losses
+from posenc.runtime.sentence_losses import SentenceLosses, write_losses
 
 SOURCES = [5] * 40 + [90] * 60  # 40 short sentences, 60 long ones (bucket 80-120)
 TARGETS = [4] * 40 + [80] * 60

@@ -20,12 +20,14 @@ from posenc.analysis.decision import (
     holm,
     loop_share,
     loops,
+    loss_statistics,
     seed_components,
     seeds_for_power,
     sentence_deviation,
     sentence_statistics,
     t_test,
 )
+from posenc.runtime.sentence_losses import SentenceLosses
 
 SIMULATIONS = 10_000
 #: the largest false-finding rate the simulation may show: 5% plus three of its standard errors
@@ -264,6 +266,31 @@ def test_the_sentence_component_is_the_spread_over_resampled_test_sets(metric):
     found = sentence_deviation(metric, statistics_of["a"], statistics_of["b"], samples=30, seed=7)
     assert found == pytest.approx(_resampled_reference(metric, a, b, references, 30, 7))
     assert sentence_deviation(metric, statistics_of["a"], statistics_of["a"], samples=30) == 0.0
+
+
+def test_a_loss_contrast_resamples_sentences_as_a_score_does():
+    """``loss``: each run's loss per token over the resampled sentences (summed NLL over
+    summed target tokens), seed-averaged, signed and summed: a slow loop over the same draws."""
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(3, 30, size=40)
+    runs = {side: [rng.gamma(2.0, 1.5, size=40) * tokens for _ in range(3)] for side in "ab"}
+    tables = {
+        side: [loss_statistics(SentenceLosses([1] * 40, list(n), list(tokens))) for n in nll]
+        for side, nll in runs.items()
+    }
+    found = sentence_deviation("loss", tables["a"], tables["b"], samples=40, seed=5)
+    draw, differences = np.random.default_rng(5), []
+    for _ in range(40):
+        index = draw.integers(0, 40, 40)
+        mean = {
+            side: statistics.fmean(
+                sum(n[i] for i in index) / sum(tokens[i] for i in index) for n in nll
+            )
+            for side, nll in runs.items()
+        }
+        differences.append(mean["a"] - mean["b"])
+    assert found == pytest.approx(statistics.stdev(differences))
+    assert found > 0 and sentence_deviation("loss", tables["a"], tables["a"], samples=40) == 0.0
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from conftest import scored_entry as entry
 from sacrebleu import corpus_bleu, corpus_chrf
 from scipy import stats
 
-from posenc.analysis.decision import contrast_deviation, sentence_statistics
+from posenc.analysis.decision import contrast_deviation, loss_statistics, sentence_statistics
 from posenc.analysis.depth_contrast import (
     NARROWER,
     WIDER,
@@ -26,6 +26,7 @@ from posenc.analysis.depth_contrast import (
 from posenc.analysis.headline import validation_losses
 from posenc.analysis.report.findings import EQUIVALENT, NOISE, NOT_RESOLVED
 from posenc.analysis.report.runs import Run
+from posenc.runtime.sentence_losses import SentenceLosses
 
 SEEDS = (0, 1, 2, 3, 4)
 
@@ -170,3 +171,38 @@ def test_the_script_refuses_a_bad_plan_before_reading_any_sweep(tmp_path):
     )
     assert done.returncode != 0
     assert done.stderr.strip() == (f"depth_contrast: plan {plan}: 'families' lists no family")
+
+
+def test_validation_sentences_kept_add_the_four_term_contrasts_resampled_noise():
+    """For the best loss, runs that kept their validation sentences add the deviation of the
+    whole difference of differences over resampled validation sets; losses at a step have no
+    kept sentences and stay with the seeds alone."""
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(3, 30, size=40)
+
+    def kept() -> dict[int, np.ndarray]:
+        return {
+            s: loss_statistics(
+                SentenceLosses([1] * 40, list(rng.gamma(4.0, 1.0, 40) * tokens), list(tokens))
+            )
+            for s in SEEDS[:3]
+        }
+
+    shallow = {"nonepe": {0: 5.0, 1: 5.1, 2: 4.9}, "rope": {0: 4.9, 1: 5.0, 2: 4.8}}
+    deep = {"nonepe": {0: 4.0, 1: 4.1, 2: 3.9}, "rope": {0: 3.5, 1: 3.62, 2: 3.39}}
+    low, high = {"nonepe": kept(), "rope": kept()}, {"nonepe": kept(), "rope": kept()}
+    best, at_step = depth_losses(
+        {None: shallow, 2000: shallow},
+        {None: deep, 2000: deep},
+        ["rope"],
+        "nonepe",
+        sentences=(low, high),
+        samples=40,
+    )
+    runs = [list(side[name].values()) for side in (high, low) for name in ("rope", "nonepe")]
+    terms = list(zip((1.0, -1.0, -1.0, 1.0), runs, strict=True))
+    assert best.sentences and not at_step.sentences
+    assert best.comparison.sentence_se == pytest.approx(contrast_deviation("loss", terms, 40))
+    assert at_step.comparison.sentence_se == 0.0
+    table = "\n".join(depth_table([], [best, at_step], "1+1", "3+3"))
+    assert "resampled validation sentences as noise in 1 of 2 cells" in table

@@ -15,6 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from posenc.evaluation.metrics import corpus_scores
 from posenc.job import run
+from posenc.runtime.sentence_losses import read_losses
 from posenc.training import loop as train_module
 from posenc.training import validation as validation_module
 
@@ -94,6 +95,12 @@ def test_an_interrupted_run_resumes_to_the_same_result_without_duplicated_steps(
     reference = json.loads((straight / "train_summary.json").read_text())
     assert resumed["steps"] == reference["steps"] == 20
     assert resumed["final_valid_loss"] == pytest.approx(reference["final_valid_loss"], rel=1e-5)
+    for folder, summary in ((straight, reference), (interrupted, resumed)):
+        kept = read_losses(folder / "valid_losses.tsv")  # the best validation's sentences
+        assert kept.loss == pytest.approx(summary["best_valid_loss"], rel=1e-5)
+    assert read_losses(interrupted / "valid_losses.tsv").nll == pytest.approx(
+        read_losses(straight / "valid_losses.tsv").nll, rel=1e-4
+    )
     for tag in ("train/loss", "valid/loss"):
         steps = [s for s, _ in scalar_steps(interrupted, tag)]
         assert steps == sorted(set(steps)), f"{tag} has duplicated steps"

@@ -3,10 +3,12 @@ every cell judged by the decision rule as one family, drawn as small multiples."
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from conftest import run_script
 from conftest import scored_entry as entry
 
+from posenc.analysis.decision import contrast_deviation, loss_statistics
 from posenc.analysis.headline import (
     MAX_SYSTEMS,
     change,
@@ -25,6 +27,7 @@ from posenc.analysis.report.findings import (
     ONE_SEED,
     UNINFORMATIVE,
 )
+from posenc.runtime.sentence_losses import SentenceLosses
 
 
 def sweep(tmp_path, depth: str, systems: dict[str, int], seeds=(0, 1, 2)) -> dict:
@@ -114,6 +117,39 @@ def test_validation_loss_is_judged_over_the_seeds_lower_being_ahead():
     table = "\n".join(loss_table(cells, "nonepe"))
     assert "| rope | -0.500 [" in table and "ahead" in table
     assert "(1 layer: 2 tests, 3 layers: 0 tests)" in table
+
+
+def kept_sentences(rng, tokens, level: float) -> np.ndarray:
+    """A run's validation sentences as it keeps them: each sentence's NLL about ``level``
+    nats a token."""
+    nll = rng.gamma(4.0, level / 4.0, tokens.size) * tokens
+    return loss_statistics(SentenceLosses([1] * tokens.size, list(nll), list(tokens)))
+
+
+def test_validation_sentences_every_run_kept_add_their_resampled_noise():
+    """Runs that kept their validation sentences (``valid_losses.tsv``) add the deviation of
+    the difference over resampled validation sets; a run without them, or runs of other
+    sentences, leave the seeds as the only noise, and the table says which."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(3, 30, size=50)
+    losses = {"1 layer": {"nonepe": {0: 5.0, 1: 5.02, 2: 4.98}, "rope": {0: 4.9, 1: 4.94, 2: 4.87}}}
+    kept = {
+        name: {s: kept_sentences(rng, tokens, 5.0) for s in range(3)} for name in ("nonepe", "rope")
+    }
+    (cell,) = loss_headline(losses, ["rope"], "nonepe", sentences={"1 layer": kept}, samples=50)
+    terms = [(1.0, list(kept["rope"].values())), (-1.0, list(kept["nonepe"].values()))]
+    assert cell.sentences
+    assert cell.comparison.sentence_se == pytest.approx(contrast_deviation("loss", terms, 50))
+    assert cell.comparison.sentence_se > 0
+    assert "seeds and resampled validation sentences as noise" in "\n".join(
+        loss_table([cell], "nonepe")
+    )
+    other = {**kept, "rope": {s: kept_sentences(rng, tokens + 1, 5.0) for s in range(3)}}
+    missing = {**kept, "rope": {0: kept["rope"][0], 1: kept["rope"][1]}}
+    for partial in (other, missing):
+        (alone,) = loss_headline(losses, ["rope"], "nonepe", sentences={"1 layer": partial})
+        assert not alone.sentences and alone.comparison.sentence_se == 0.0
+        assert "did not keep their validation sentences" in "\n".join(loss_table([alone], "nonepe"))
 
 
 def test_with_a_plans_margins_no_finding_is_equivalent_or_not_resolved(tmp_path):

@@ -42,8 +42,9 @@ def test_sentence_nll_sums_to_the_training_nll_and_validation_averages_it():
     assert count == [len(t) + 1 for t in tgt] and sum(count) == n  # EOS counted
     assert sum(nll) == pytest.approx(float(batch_nll), rel=1e-5)
     model.train()
-    mean = validation_loss(model, src, tgt, SPECIALS, 40, device, None)
+    mean, sentences, tokens = validation_loss(model, src, tgt, SPECIALS, 40, device, None)
     assert mean == pytest.approx(float(batch_nll) / n, rel=1e-5)
+    assert (sentences, tokens) == (nll, count)
     assert model.training  # the mode is restored
 
 

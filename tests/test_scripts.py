@@ -208,6 +208,7 @@ def test_archive_runs_keeps_finished_runs_as_portable_text_and_restores_without_
         "hypotheses.test.txt": "a\n",
         "references.test.txt": "the reference\n",
         "scalars.csv": "tag,step,value,wall_time\n",
+        "valid_losses.tsv": "source_tokens\tnll\ttarget_tokens\n",
         "evals/beam5/metrics.json": "{}",
         "evals/beam5/eval_config.yaml": "seed: 0\n",
         "checkpoints/last.pt": "weights",
@@ -258,7 +259,7 @@ def test_runs_trained_but_not_evaluated_are_archived_only_when_asked(tmp_path):
     script = runpy.run_path(str(ROOT / "scripts" / "archive_runs.py"))
     sweep = tmp_path / "outputs" / "sweeps" / "depth"
     for name in ("scored", "trained"):
-        for path in ("config.yaml", "train_summary.json", "scalars.csv"):
+        for path in ("config.yaml", "train_summary.json", "scalars.csv", "valid_losses.tsv"):
             (sweep / name).mkdir(parents=True, exist_ok=True)
             (sweep / name / path).write_text(f"{name} {path}\n")
     (sweep / "scored" / "metrics.json").write_text("{}")

@@ -12,14 +12,14 @@ from conftest import SMOKE, compose
 
 from posenc.analysis.bucket_contrasts import main as bucket_main
 from posenc.evaluation.backfill_losses import BackfillError, backfill, evaluations
-from posenc.evaluation.sentence_losses import (
+from posenc.evaluation.standalone import main as evaluate_main
+from posenc.job import run
+from posenc.runtime.sentence_losses import (
     SentenceLosses,
     losses_file,
     read_losses,
     write_losses,
 )
-from posenc.evaluation.standalone import main as evaluate_main
-from posenc.job import run
 
 
 def test_a_written_file_reads_back_with_its_split_loss(tmp_path):

@@ -4,7 +4,7 @@ The rule's unit is the training run (:mod:`posenc.analysis.decision`).
 
 Whether a system's test loss on the bucket differs from a baseline's (the runs'
 ``reference_pe`` unless named) beyond the noise of the training seeds and of the test sentences,
-from each run's sentence losses (:mod:`posenc.evaluation.sentence_losses`). For every system
+from each run's sentence losses (:mod:`posenc.runtime.sentence_losses`). For every system
 against the baseline, on the bucket's sentences:
 
 - each run's loss per target token on the bucket (the same references, so the same tokens);
@@ -44,7 +44,7 @@ from posenc.analysis.penalty import done_runs, systems_of
 from posenc.analysis.report.runs import Entry, reference_of
 from posenc.analysis.report.stats import Stats, mean_std
 from posenc.config.variants import split_labels
-from posenc.evaluation.sentence_losses import SentenceLosses, read_losses
+from posenc.runtime.sentence_losses import SentenceLosses, read_losses
 
 LOWER = "lower loss (finding)"
 HIGHER = "higher loss (finding)"

@@ -43,13 +43,14 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 
 from posenc.evaluation.metrics import sacrebleu_scorer
+from posenc.runtime.sentence_losses import SentenceLosses
 
 #: the significance level, after the family's correction
 ALPHA = 0.05
@@ -232,6 +233,22 @@ def sentence_statistics(
     )
 
 
+def loss_statistics(losses: SentenceLosses) -> np.ndarray:
+    """A loss's per-sentence statistics, ``(N, 2)``: summed NLL and target tokens; summed over
+    any sample of sentences they give its loss per token (:func:`corpus_score`)."""
+    return np.column_stack([losses.nll, losses.target_tokens]).astype(np.float64)
+
+
+def corpus_score(metric: str) -> Callable[[np.ndarray], float]:
+    """The corpus score of summed per-sentence statistics ``(k,)``: sacreBLEU's ``bleu`` or
+    ``chrf`` (:func:`sentence_statistics`), or ``loss``, nats per target token
+    (:func:`loss_statistics`)."""
+    if metric == "loss":
+        return lambda summed: float(summed[0] / max(summed[1], 1.0))
+    scorer = sacrebleu_scorer(metric)
+    return lambda summed: scorer._compute_score_from_stats(list(summed)).score
+
+
 def sentence_deviation(
     metric: str,
     a: Sequence[np.ndarray],
@@ -253,10 +270,11 @@ def contrast_deviation(
     seed: int = 12345,
 ) -> float:
     """:func:`sentence_deviation` of any signed sum of seed-averaged corpus scores: ``terms``
-    are ``(sign, runs)``, each run's :func:`sentence_statistics` on the same references, e.g.
+    are ``(sign, runs)``, each run's :func:`sentence_statistics` on the same references (or
+    :func:`loss_statistics` on the same sentences, ``metric`` ``loss``), e.g.
     ``[(1, a_deep), (-1, b_deep), (-1, a_shallow), (1, b_shallow)]`` for a difference of
     differences."""
-    scorer = sacrebleu_scorer(metric)
+    score = corpus_score(metric)
     size = terms[0][1][0].shape[0]
     rng = np.random.default_rng(seed)
     values: list[float] = []
@@ -272,12 +290,7 @@ def contrast_deviation(
         for sign, runs in terms:
             sums = [draws @ run for run in runs]  # (chunk, k) statistics per resampled set
             total += sign * np.array(
-                [
-                    statistics.fmean(
-                        scorer._compute_score_from_stats(list(t[i])).score for t in sums
-                    )
-                    for i in range(len(draws))
-                ]
+                [statistics.fmean(score(t[i]) for t in sums) for i in range(len(draws))]
             )
         values += total.tolist()
     return float(np.std(values, ddof=1))

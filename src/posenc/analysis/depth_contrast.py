@@ -29,11 +29,14 @@ from posenc.analysis.report.findings import (
     METRICS,
     NOISE_FLOOR_BLEU,
     Judgement,
+    Sentences,
     StatisticsCache,
     by_seed,
     judge_family,
     judge_single_scores,
+    loss_noise,
     named_verdict,
+    sentence_noise,
     single_score_verdict,
     tested_p,
 )
@@ -134,11 +137,13 @@ def depth_contrasts(
 class DepthLoss:
     """One system's difference of differences in validation loss (nats; negative: the system
     gains on the baseline with depth) at one ``step`` (None: the best validation loss), its
-    Holm-adjusted p and equivalence p."""
+    Holm-adjusted p and equivalence p; ``sentences``: whether resampled validation sentences
+    are part of its noise."""
 
     system: str
     comparison: Comparison | None
     step: int | None = None
+    sentences: bool = False
     p_holm: float | None = None
     p_equivalence: float | None = None
     margin: float | None = None
@@ -155,22 +160,39 @@ def depth_losses(
     systems: Sequence[str],
     baseline: str,
     margin: float | None = None,
+    sentences: tuple[Mapping[str, Sentences], Mapping[str, Sentences]] | None = None,
+    samples: int = 1000,
 ) -> list[DepthLoss]:
     """Every system's difference of differences in validation loss at every step of ``deep``
     (``step -> losses``, None the best validation loss; the same step of ``shallow``), one
-    family (the seeds the only noise: one validation set)."""
+    family. For the best loss, where every run kept its validation sentences (``sentences``:
+    the shallow and the deep sweep's, system -> seed -> statistics), their resampling adds
+    the four-term contrast's noise; else the seeds are the only noise."""
+    kept_shallow, kept_deep = sentences or ({}, {})
     cells = []
     for step, found in deep.items():
         other = shallow.get(step, {})
         for system in systems:
-            comparison = None
             sides = [where.get(name) for where in (found, other) for name in (system, baseline)]
-            if all(sides):
-                gap_deep = {s: sides[0][s] - sides[1][s] for s in sides[0] if s in sides[1]}
-                gap_shallow = {s: sides[2][s] - sides[3][s] for s in sides[2] if s in sides[3]}
-                if gap_deep and gap_shallow:
-                    comparison = compare_scores(gap_deep, gap_shallow)
-            cells.append(DepthLoss(system, comparison, step))
+            if not all(sides):
+                cells.append(DepthLoss(system, None, step))
+                continue
+            gap_deep = {s: sides[0][s] - sides[1][s] for s in sides[0] if s in sides[1]}
+            gap_shallow = {s: sides[2][s] - sides[3][s] for s in sides[2] if s in sides[3]}
+            if not gap_deep or not gap_shallow:
+                cells.append(DepthLoss(system, None, step))
+                continue
+            noise = None
+            if step is None:
+                kept = [kept_deep.get(system), kept_deep.get(baseline)]
+                kept += [kept_shallow.get(system), kept_shallow.get(baseline)]
+                signs = (1.0, -1.0, -1.0, 1.0)
+                terms = [
+                    (sign, list(side), k) for sign, side, k in zip(signs, sides, kept, strict=True)
+                ]
+                noise = loss_noise(terms, samples)  # type: ignore[arg-type]
+            comparison = compare_scores(gap_deep, gap_shallow, sentence_se=noise or 0.0)
+            cells.append(DepthLoss(system, comparison, step, noise is not None))
     judge_single_scores(cells, margin)
     return cells
 
@@ -210,7 +232,9 @@ def depth_table(
         lines.append(f"| {system} | " + " | ".join(row) + " |")
     tests = len(tested_p([c.judgement for c in cells if c.judgement is not None]))
     loss_tests = sum(c.p_holm is not None for c in losses)
-    noise = "seeds and, for BLEU and chrF, resampled test sentences" if cells else "seeds"
+    noise = "seeds and, for BLEU and chrF, resampled test sentences as noise" if cells else ""
+    if losses:
+        noise += ("; validation loss: " if cells else "") + sentence_noise(losses)
     families = []
     if cells:
         families.append(f"BLEU and chrF cells are one family ({tests} tests)")
@@ -219,7 +243,7 @@ def depth_table(
     lines += [
         "",
         f"Each cell: (system minus the baseline at {deep}) minus (the same at {shallow}), the "
-        f"mean over seeds with its 95% interval ({noise} as noise); {', '.join(families)}, "
+        f"mean over seeds with its 95% interval ({noise}); {', '.join(families)}, "
         "each under Holm's correction.",
     ]
     return lines

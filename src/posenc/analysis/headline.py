@@ -15,8 +15,11 @@ import argparse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-from posenc.analysis.decision import Comparison, compare_scores
+import numpy as np
+
+from posenc.analysis.decision import Comparison, compare_scores, loss_statistics
 from posenc.analysis.plan import add_plan_arguments
 from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.findings import (
@@ -24,11 +27,14 @@ from posenc.analysis.report.findings import (
     SPLIT,
     UNINFORMATIVE,
     Judgement,
+    Sentences,
     StatisticsCache,
     judge_family,
     judge_pair,
     judge_single_scores,
+    loss_noise,
     named_verdict,
+    sentence_noise,
     single_score_verdict,
     tested_p,
 )
@@ -43,7 +49,8 @@ from posenc.analysis.report.runs import (
 )
 from posenc.config import reference_encoding
 from posenc.runtime.figures import save_figure
-from posenc.runtime.rundir import find_run_dirs
+from posenc.runtime.rundir import RunDir, find_run_dirs
+from posenc.runtime.sentence_losses import read_losses
 
 #: the most systems one figure draws (more would not be read)
 MAX_SYSTEMS = 10
@@ -81,13 +88,14 @@ class Cell:
 @dataclass
 class LossCell:
     """One system at one depth: its best validation loss minus the baseline's over the seeds
-    (:func:`~posenc.analysis.decision.compare_scores`, the seeds the only noise: one
-    validation set, no resampled sentences); None when either side is missing. ``p_holm``
+    (:func:`~posenc.analysis.decision.compare_scores`; ``sentences``: whether resampled
+    validation sentences are a second noise); None when either side is missing. ``p_holm``
     after :func:`loss_headline`'s correction."""
 
     depth: str
     system: str
     comparison: Comparison | None
+    sentences: bool = False
     p_holm: float | None = None
     p_equivalence: float | None = None
     margin: float | None = None
@@ -111,12 +119,21 @@ def add_comparison_arguments(parser: argparse.ArgumentParser, splits: str, out: 
     add_plan_arguments(parser)
 
 
+class SweepReading(NamedTuple):
+    """What :func:`read_sweep` reads of a sweep."""
+
+    entries: dict[str, Systems]  #: split -> systems
+    losses: Losses  #: system -> {seed: validation loss}
+    sentences: dict[str, Sentences]  #: system -> {seed: sentence losses of the best loss}
+
+
 def read_sweep(
     folder: Path, splits: Sequence[str], scratch: Path, step: int | None = None
-) -> tuple[dict[str, Systems], Losses]:
-    """A sweep's entries by split (``NAME-clean`` splits scored into ``scratch``) and its
-    validation losses by system and seed: the best, or with ``step`` the one its curve logged
-    at that step (a run that did not log it is left out).
+) -> SweepReading:
+    """A sweep's entries by split (``NAME-clean`` splits scored into ``scratch``), its
+    validation losses by system and seed (the best, or with ``step`` the one its curve logged at
+    that step: a run that did not log it is left out) and, for the best, the sentence losses
+    the runs kept (``valid_losses.tsv``; runs trained before they were kept have none).
 
     Raises:
         ReportError: the folder holds no run.
@@ -126,12 +143,23 @@ def read_sweep(
         raise ReportError(f"no run under {folder}")
     groups = group_runs(runs)
     losses = {g.label: dict(validation_losses(g.runs, step)) for g in groups}
+    sentences = {g.label: dict(kept_sentences(g.runs)) for g in groups} if step is None else {}
     bases = [s.removesuffix(SUFFIX) for s in splits if s.endswith(SUFFIX)]
     clean = clean_entries(groups, bases, scratch)
     entries = {
         s: clean.get(s, {}) if s.endswith(SUFFIX) else split_entries(groups, s) for s in splits
     }
-    return entries, losses
+    return SweepReading(entries, losses, sentences)
+
+
+def kept_sentences(runs: Sequence[Run]) -> Iterator[tuple[int, np.ndarray]]:
+    """``(seed, loss statistics)`` of each run whose ``valid_losses.tsv`` can be read (an
+    unreadable one counts as missing)."""
+    for run in runs:
+        try:
+            yield run.seed, loss_statistics(read_losses(RunDir(run.path).valid_losses))
+        except (OSError, ValueError):
+            continue
 
 
 def validation_losses(runs: Sequence[Run], step: int | None) -> Iterator[tuple[int, float]]:
@@ -178,18 +206,32 @@ def loss_headline(
     systems: Sequence[str],
     baseline: str,
     margin: float | None = None,
+    sentences: Mapping[str, Mapping[str, Sentences]] | None = None,
+    samples: int = 1000,
 ) -> list[LossCell]:
     """Every system of ``systems`` against ``baseline`` on validation loss in every sweep
     (``depth label -> losses``), each depth's tested cells one family under Holm's
     correction; with a ``margin`` (nats) also tested for equivalence within it (two one-sided
-    tests, Holm over the family)."""
+    tests, Holm over the family). Where every run kept its validation sentences (``sentences``:
+    depth label -> system -> seed -> statistics), their resampling adds its noise
+    (:func:`~posenc.analysis.report.findings.loss_noise`); else the seeds are the only noise."""
     cells = []
     for depth, found in losses.items():
+        kept = (sentences or {}).get(depth, {})
         family = []
         for system in systems:
             comparison = None
             if found.get(system) and found.get(baseline):
-                comparison = compare_scores(found[system], found[baseline])
+                sides = [
+                    (sign, list(found[n]), kept.get(n))
+                    for sign, n in ((1.0, system), (-1.0, baseline))
+                ]
+                noise = loss_noise(sides, samples)
+                comparison = compare_scores(
+                    found[system], found[baseline], sentence_se=noise or 0.0
+                )
+                family.append(LossCell(depth, system, comparison, noise is not None))
+                continue
             family.append(LossCell(depth, system, comparison))
         judge_single_scores(family, margin)
         cells += family
@@ -296,8 +338,9 @@ def loss_table(cells: Sequence[LossCell], baseline: str) -> list[str]:
     lines += [
         "",
         f"Each cell: the system's best validation loss (nats, mean over its seeds) minus "
-        f"{baseline}'s, its 95% interval (the seeds as noise) and the verdict (ahead: lower "
-        f"loss); a depth's cells are one family under Holm's correction ({family_sizes(cells)}).",
+        f"{baseline}'s, its 95% interval ({sentence_noise(cells)}) and the verdict (ahead: "
+        f"lower loss); a depth's cells are one family under Holm's correction "
+        f"({family_sizes(cells)}).",
     ]
     return lines
 

@@ -1,6 +1,6 @@
 """Sentence losses for runs evaluated before evaluation kept them:
 ``python scripts/sentence_losses.py RUN_OR_SWEEP... [--splits test]`` writes
-``losses.<split>.tsv`` (:mod:`posenc.evaluation.sentence_losses`) into every evaluation that
+``losses.<split>.tsv`` (:mod:`posenc.runtime.sentence_losses`) into every evaluation that
 lacks it (a run's own and its standalone ones under ``evals/``, test-time variants included),
 from the checkpoint its ``metrics.json`` names. An evaluation is refused (one line, the others
 go on) where that checkpoint is not the evaluated step, or the recomputed loss of a split is not
@@ -19,10 +19,10 @@ from omegaconf import OmegaConf
 from posenc.data.corpus import Corpus, DataError
 from posenc.data.splits import load_corpora
 from posenc.evaluation.evaluate import evaluated_part, scored_losses
-from posenc.evaluation.sentence_losses import losses_file, write_losses
 from posenc.model.factory import load_run_model, variant_model
 from posenc.runtime.checkpoint import CheckpointError
 from posenc.runtime.rundir import RunDir, find_run_dirs
+from posenc.runtime.sentence_losses import losses_file, write_losses
 
 #: how far the recomputed loss may be from the recorded one (kept to 5 decimals; another thread
 #: count sums in another order, which moves the 6th)

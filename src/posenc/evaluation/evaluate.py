@@ -38,7 +38,6 @@ from posenc.evaluation.attention_maps import example_attention, plot_attention
 from posenc.evaluation.comet import Comet
 from posenc.evaluation.decode import DecodeSettings, decode_sources
 from posenc.evaluation.metrics import BertScore, corpus_scores, length_buckets
-from posenc.evaluation.sentence_losses import SentenceLosses, losses_file, write_losses
 from posenc.model.factory import load_run_model, variant_model
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime.averaging import last_step_checkpoints
@@ -46,6 +45,7 @@ from posenc.runtime.checkpoint import step_checkpoints
 from posenc.runtime.device import resolve_device
 from posenc.runtime.files import replacing, write_json, write_text
 from posenc.runtime.rundir import EVALUATION_FILES, RunDir, as_run_dir
+from posenc.runtime.sentence_losses import SentenceLosses, losses_file, write_losses
 from posenc.training.losses import sentence_losses
 
 log = logging.getLogger("posenc.evaluation.evaluate")

@@ -57,6 +57,9 @@ class RunDir:
     metrics_file = property(lambda self: self.path / METRICS_FILE)
     failure_file = property(lambda self: self.path / "failed.json")
     evals = property(lambda self: self.path / "evals")
+    #: the validation pairs' sentence losses at the best validation loss so far (training's,
+    #: not an evaluation's: it stays when an evaluation is archived)
+    valid_losses = property(lambda self: self.path / "valid_losses.tsv")
 
     def hypotheses(self, split: str) -> Path:
         """The detokenised translations of ``split`` (``split.VARIANT`` for a test-time
@@ -68,7 +71,7 @@ class RunDir:
         return self.path / REFERENCES.format(split)
 
     def losses(self, split: str) -> Path:
-        """The sentence losses of ``split`` (:mod:`posenc.evaluation.sentence_losses`)."""
+        """The sentence losses of ``split`` (:mod:`posenc.runtime.sentence_losses`)."""
         return self.path / LOSSES.format(split)
 
     def attention(self, suffix: str) -> Path:

@@ -116,7 +116,8 @@ def validation_loss(
     max_tokens: int,
     device: torch.device,
     amp: torch.dtype | None,
-) -> float:
-    """Token-level mean NLL (no label smoothing) over the validation pairs."""
+) -> tuple[float, list[float], list[int]]:
+    """Token-level mean NLL (no label smoothing) over the validation pairs, and each pair's
+    summed NLL and target token count (:func:`sentence_losses`)."""
     nll, count = sentence_losses(model, tokenizer, sources, targets, max_tokens, device, amp)
-    return sum(nll) / max(sum(count), 1)
+    return sum(nll) / max(sum(count), 1), nll, count

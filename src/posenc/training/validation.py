@@ -1,6 +1,7 @@
 """Validation during training and the checkpoints it saves: the validation loss (and the EMA
-weights' loss), BLEU and chrF of a fixed subset of the validation pairs (fairseq's
-``--eval-bleu``), which validation is the best, early stopping, and ``last.pt``/``best.pt``.
+weights' loss; the best loss's sentence losses in ``valid_losses.tsv``), BLEU and chrF of a
+fixed subset of the validation pairs (fairseq's ``--eval-bleu``), which validation is the best,
+early stopping, and ``last.pt``/``best.pt``.
 
 ``trainer.valid_bleu=N`` decodes the same ``N`` validation pairs (a seeded sample, in corpus
 order) greedily at every validation; ``trainer.best_metric`` (``loss``, the default, or
@@ -26,6 +27,7 @@ from posenc.config.metrics import VALIDATION_METRICS
 from posenc.data.tokenizer import Tokenizer
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime import checkpoint, distributed
+from posenc.runtime.sentence_losses import SentenceLosses, write_losses
 from posenc.training import advice
 from posenc.training.advice import TrainingError
 from posenc.training.losses import validation_loss
@@ -147,15 +149,10 @@ def validate(run: Training) -> None:
     time. A loss that is not finite saves nothing and raises :class:`TrainingError`."""
     state, loss = run.state, 0.0
     if run.logger is not None:
-        loss = validation_loss(
-            run.model,
-            run.data.valid_src,
-            run.data.valid_tgt,
-            run.tokenizer,
-            run.trainer.max_tokens,
-            run.device,
-            run.amp,
-        )
+        loss, nll, tokens = losses_of(run, run.model)
+        if loss < state.best_valid_loss:  # the sentences of the best loss, kept for the report
+            sources = [len(s) + 1 for s in run.data.valid_src]
+            write_losses(run.run_dir.valid_losses, SentenceLosses(sources, nll, tokens))
     loss = distributed.all_reduce([loss], run.device)[0]  # rank 0's loss, on every rank
     if not math.isfinite(loss):
         raise TrainingError(advice.nan_validation(loss, state.step, run.run_dir.checkpoints))
@@ -204,20 +201,26 @@ def validate(run: Training) -> None:
     distributed.barrier()
 
 
-def validate_ema(run: Training) -> None:
-    """With ``trainer.ema_decay``, the validation loss of the EMA weights as ``valid/loss_ema``
-    (rank 0). It is logged only: ``best.pt`` is chosen on the raw weights, as without EMA."""
-    if run.ema is None or run.logger is None:
-        return
-    loss = validation_loss(
-        run.ema.module,
-        run.data.valid_src,
-        run.data.valid_tgt,
+def losses_of(run: Training, model: torch.nn.Module) -> tuple[float, list[float], list[int]]:
+    """``model``'s validation loss and each validation pair's summed NLL and target tokens."""
+    data = run.data
+    return validation_loss(
+        model,  # type: ignore[arg-type]
+        data.valid_src,
+        data.valid_tgt,
         run.tokenizer,
         run.trainer.max_tokens,
         run.device,
         run.amp,
     )
+
+
+def validate_ema(run: Training) -> None:
+    """With ``trainer.ema_decay``, the validation loss of the EMA weights as ``valid/loss_ema``
+    (rank 0). It is logged only: ``best.pt`` is chosen on the raw weights, as without EMA."""
+    if run.ema is None or run.logger is None:
+        return
+    loss, _, _ = losses_of(run, run.ema.module)
     run.logger.scalars(run.state.step, {"valid/loss_ema": loss})
     log.info("step %d: EMA weights' valid loss %.4f", run.state.step, loss)
 

@@ -20,6 +20,7 @@ from posenc.analysis.decision import (
     ALPHA,
     Comparison,
     compare_scores,
+    contrast_deviation,
     equivalence,
     holm,
     loop_share,
@@ -271,10 +272,12 @@ def named_verdict(judgement: Judgement | None, leads: str, trails: str) -> str:
 
 
 class SingleScore(Protocol):
-    """A comparison on one score whose only noise is the seeds' (a validation loss): what
-    :func:`judge_single_scores` reads and sets."""
+    """A comparison on one score (a validation loss): what :func:`judge_single_scores` reads
+    and sets; ``sentences``: whether resampled sentences are part of its noise (else the
+    seeds alone are)."""
 
     comparison: Comparison | None
+    sentences: bool
     p_holm: float | None
     p_equivalence: float | None
     margin: float | None
@@ -297,6 +300,47 @@ def judge_single_scores(cells: Sequence[SingleScore], margin: float | None = Non
         shown = {i: equivalence(cells[i].comparison, margin) for i in tested}  # type: ignore[arg-type]
         for i, p in holm({i: p for i, p in shown.items() if p is not None}).items():
             cells[i].p_equivalence = p
+
+
+Sentences = Mapping[int, np.ndarray]
+"""A system's validation sentences: training seed -> the run's
+:func:`~posenc.analysis.decision.loss_statistics` at its best validation loss."""
+
+
+def loss_noise(
+    terms: Sequence[tuple[float, Sequence[int], Sentences | None]], samples: int = 1000
+) -> float | None:
+    """The deviation, over resampled validation sets, of a signed sum of systems' seed-averaged
+    validation losses: ``terms`` are ``(sign, seeds, sentences)``, one a system. None when a
+    seed's run did not keep its sentence losses or the runs did not score the same sentences
+    (their target token counts differ)."""
+    tables = []
+    for sign, seeds, sentences in terms:
+        if not seeds or sentences is None or any(s not in sentences for s in seeds):
+            return None
+        tables.append((sign, [sentences[s] for s in seeds]))
+    first = tables[0][1][0]
+    same = all(
+        t.shape == first.shape and np.array_equal(t[:, 1], first[:, 1])
+        for _, runs in tables
+        for t in runs
+    )
+    return contrast_deviation("loss", tables, samples) if same else None
+
+
+def sentence_noise(cells: Sequence[SingleScore]) -> str:
+    """How the noise of validation-loss cells is made up: seeds and resampled validation
+    sentences where every run kept its sentence losses, else the seeds alone."""
+    tested = [c for c in cells if c.comparison is not None]
+    kept = sum(c.sentences for c in tested)
+    if tested and kept == len(tested):
+        return "seeds and resampled validation sentences as noise"
+    if not kept:
+        return "the seeds as noise: these runs did not keep their validation sentences"
+    return (
+        f"seeds and resampled validation sentences as noise in {kept} of {len(tested)} cells, "
+        "the seeds alone where a run did not keep its validation sentences"
+    )
 
 
 def single_score_verdict(cell: SingleScore, lower: str, higher: str) -> str:

@@ -32,8 +32,8 @@ from posenc.config.variants import (
 )
 from posenc.data.config import data_config
 from posenc.data.corpus import DataError
-from posenc.evaluation.sentence_losses import losses_file
 from posenc.runtime.rundir import RunDir
+from posenc.runtime.sentence_losses import losses_file
 from posenc.runtime.sinks import LEGACY_TIME_PREFIX, TIME_PREFIX
 from posenc.runtime.untrusted import (
     INT,
@@ -135,7 +135,7 @@ class Entry:
     scores: dict[str, Any]
     hypotheses: Path
     references: Path
-    losses: Path | None = None  #: its sentence losses (:mod:`posenc.evaluation.sentence_losses`)
+    losses: Path | None = None  #: its sentence losses (:mod:`posenc.runtime.sentence_losses`)
 
 
 # ---------------------------------------------------------------- reading the run directories

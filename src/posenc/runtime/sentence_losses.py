@@ -1,9 +1,11 @@
-"""Every test sentence's teacher-forced loss, as an evaluation keeps it beside its hypotheses:
-``losses.<split>.tsv``, one row a sentence in the split's order, with its source length (tokens
-incl. EOS, the length buckets' measure), the summed negative log-likelihood of its reference
-(nats, no label smoothing) and the reference's token count (incl. EOS). A split's loss is
-``sum(nll) / sum(target_tokens)``; differences of loss on a length bucket are tested over these
-sentences (:mod:`posenc.analysis.bucket_contrasts`)."""
+"""Sentences' teacher-forced losses as a run keeps them: every test sentence's, beside an
+evaluation's hypotheses (``losses.<split>.tsv``), and every validation pair's at the best
+validation loss (``valid_losses.tsv``). One row a sentence in the split's order, with its source
+length (tokens incl. EOS, the length buckets' measure), the summed negative log-likelihood of
+its reference (nats, no label smoothing) and the reference's token count (incl. EOS). A split's
+loss is ``sum(nll) / sum(target_tokens)``; differences of loss on a length bucket are tested
+over these sentences (:mod:`posenc.analysis.bucket_contrasts`), and validation-loss contrasts
+resample them (:func:`posenc.analysis.decision.corpus_score`)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ from pathlib import Path
 
 from posenc.runtime.files import write_text
 from posenc.runtime.rundir import RunDir
+from posenc.runtime.untrusted import read_text
 
 HEADER = ("source_tokens", "nll", "target_tokens")
+#: the largest sentence-loss file read (newstest2014's is about 60 kB)
+MAX_BYTES = 100_000_000
 
 
 def losses_file(directory: Path, split: str) -> Path:
@@ -55,10 +60,11 @@ def read_losses(path: Path) -> SentenceLosses:
     """The sentence losses of ``path``, a file of a run directory and so untrusted input.
 
     Raises:
-        ValueError: the file is not in the format :func:`write_losses` writes (one line naming
-            the file, the line and what is wrong).
+        ValueError: the file is missing, not a regular file, larger than :data:`MAX_BYTES` or
+            not in the format :func:`write_losses` writes (one line naming the file, the line
+            and what is wrong).
     """
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = read_text(path, MAX_BYTES).splitlines()
     if not lines or tuple(lines[0].split("\t")) != HEADER:
         raise ValueError(
             f"{path}: line 1 is not the header {' '.join(HEADER)!r}; write the file again "
