@@ -12,7 +12,7 @@ from conftest import sentences, write_pair
 from omegaconf import OmegaConf
 
 from posenc.analysis.report.build import build_report
-from posenc.analysis.report.clean import clean_entries
+from posenc.analysis.report.clean import NEAR_SUFFIX, clean_entries, entries_by_split
 from posenc.analysis.report.runs import DONE, Group, ReportError, Run
 from posenc.config import flatten
 from posenc.data.splits import load_corpora
@@ -117,3 +117,29 @@ def test_the_report_refuses_a_clean_focus_where_no_set_leaks(tmp_path, twins):
         build_report(sweep, focus="inside-clean", samples=20)
     markdown = build_report(sweep, focus="inside", samples=20).path.read_text()
     assert "splits: inside." in markdown  # a clean part equal to its split is not repeated
+
+
+def test_the_near_clean_part_leaves_out_pairs_within_one_word_of_any_training_pair(tmp_path, twins):
+    """A set held out under the rule is clean whole, but each source's twin (``X`` and ``X
+    aussi``) stays in the training stem: one word apart, so ``NAME-nearclean`` leaves that pair
+    out, and it is the same part whatever ``holdout_drops`` dropped."""
+    rule = data_node(twins, holdout_drops=["source", "target"])
+    groups = [Group("rope", "rope", "", [finished_run(tmp_path, rule, "new")])]
+    found = entries_by_split(groups, ["inside", "inside-clean", "inside-nearclean"], tmp_path / "r")
+    assert list(found) == ["inside", "inside-clean", "inside-nearclean"]
+    assert found["inside-clean"] == found["inside"]
+    (entry,) = found["inside-nearclean"]["rope"]
+    kept = entry.references.read_text().splitlines()
+    held_out = load_corpora(rule, with_train=False)["inside"]
+    twins_of = {
+        s: s.removesuffix(" aussi") if s.endswith(" aussi") else f"{s} aussi" for s in held_out.src
+    }
+    twin_held_out = [twins_of[s] in held_out.src for s in held_out.src]  # none left to train on
+    assert len(kept) == sum(twin_held_out) < SIZE
+    leaky = clean_entries(
+        [Group("rope", "rope", "", [finished_run(tmp_path, data_node(twins), "old")])],
+        ["inside"],
+        tmp_path / "r2",
+        NEAR_SUFFIX,
+    )
+    assert leaky["inside-nearclean"]["rope"][0].references.read_text().splitlines() == kept

@@ -21,7 +21,7 @@ import numpy as np
 
 from posenc.analysis.decision import Comparison, compare_scores, loss_statistics
 from posenc.analysis.plan import add_plan_arguments
-from posenc.analysis.report.clean import SUFFIX, clean_entries
+from posenc.analysis.report.clean import entries_by_split
 from posenc.analysis.report.findings import (
     ONE_SEED,
     SPLIT,
@@ -45,7 +45,6 @@ from posenc.analysis.report.runs import (
     Run,
     group_runs,
     load_run,
-    split_entries,
 )
 from posenc.config import reference_encoding
 from posenc.runtime.figures import save_figure
@@ -144,11 +143,7 @@ def read_sweep(
     groups = group_runs(runs)
     losses = {g.label: dict(validation_losses(g.runs, step)) for g in groups}
     sentences = {g.label: dict(kept_sentences(g.runs)) for g in groups} if step is None else {}
-    bases = [s.removesuffix(SUFFIX) for s in splits if s.endswith(SUFFIX)]
-    clean = clean_entries(groups, bases, scratch)
-    entries = {
-        s: clean.get(s, {}) if s.endswith(SUFFIX) else split_entries(groups, s) for s in splits
-    }
+    entries = entries_by_split(groups, splits, scratch)
     return SweepReading(entries, losses, sentences)
 
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import accumulate
 from pathlib import Path
 
 from posenc.data.config import DataConfig, HubData, LocalData, data_config
 from posenc.data.corpus import Corpus, DataError, check_extra_names, resolve_path
+from posenc.data.near_duplicates import NearIndex
 from posenc.data.streams import (
     Carving,
     carve_holdout,
@@ -90,23 +92,40 @@ def carve(
     return carve_holdout(read, stems, cfg.holdout or {}, cfg.seed, cfg.holdout_drops)
 
 
-def shared_with_training(cfg: Mapping | LocalData) -> dict[str, list[bool]]:
+def shared_with_training(cfg: Mapping | LocalData, near: bool = False) -> dict[str, list[bool]]:
     """For each held-out set of a local ``data`` node, in the set's order, whether its pair
     shares a source or a target with a training pair of that node (those its holdout rule
-    keeps, before cleaning: a superset of the pairs trained on). Under ``holdout_drops:
-    [source, target]`` none does; runs made before that rule left many."""
+    keeps, before cleaning: a superset of the pairs trained on); with ``near``, whether its
+    source or target is within one word of the same side of a pair of the training stems that
+    is not held out, whatever ``holdout_drops`` drops (:mod:`posenc.data.near_duplicates`), so
+    every run of the same held-out sets has the same near-clean part. Under ``holdout_drops:
+    [source, target]`` none is shared; runs made before that rule left many."""
     cfg = data_config(cfg)
     if not isinstance(cfg, LocalData):
         raise DataError(f"data.kind {cfg.kind!r} has no held-out sets; use local data")
     _, stems, read = _local_files(cfg)
+    carving = carve(read, stems, cfg)
+    if near:
+        held_out = held_out_sets(read, carving)
+        names = list(held_out)
+        sources = NearIndex([s for n in names for s in held_out[n].src])
+        targets = NearIndex([t for n in names for t in held_out[n].tgt])
+        hit = [False] * len(sources.sentences)
+        for stem in stems:  # every pair not held out, whatever holdout_drops drops: one
+            taken = carving.taken.get(stem, set())  # near-clean part for every run of the sets
+            for source, target in (p for i, p in enumerate(read(stem)) if i not in taken):
+                for i in sources.near(source) | targets.near(target):
+                    hit[i] = True
+        starts = list(accumulate((len(held_out[n].src) for n in names), initial=0))
+        return {n: hit[starts[k] : starts[k + 1]] for k, n in enumerate(names)}
     held_out: dict[str, Corpus] = {}
-    sources, targets = set(), set()
-    for source, target in training_pairs(read, stems, carve(read, stems, cfg), held_out):
-        sources.add(digest(source))
-        targets.add(digest(target))
+    seen_sources, seen_targets = set(), set()
+    for source, target in training_pairs(read, stems, carving, held_out):
+        seen_sources.add(digest(source))
+        seen_targets.add(digest(target))
     return {
         name: [
-            digest(s) in sources or digest(t) in targets
+            digest(s) in seen_sources or digest(t) in seen_targets
             for s, t in zip(corpus.src, corpus.tgt, strict=True)
         ]
         for name, corpus in held_out.items()

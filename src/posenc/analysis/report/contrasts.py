@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posenc.analysis.decision import MAX_SEEDS
-from posenc.analysis.report.clean import SUFFIX, clean_entries
+from posenc.analysis.report.clean import entries_by_split
 from posenc.analysis.report.curves import kendall_tau
 from posenc.analysis.report.findings import (
     LOOP_CEILING,
@@ -115,12 +115,7 @@ def sweep_contrasts(
     groups = group_runs(_sweep_runs(sweep, samples, evaluation))
     rows, cache = [], StatisticsCache()
     with tempfile.TemporaryDirectory() as scratch:  # the clean splits' files, while read
-        cleaned = [s.removesuffix(SUFFIX) for s in splits if s.endswith(SUFFIX)]
-        clean = clean_entries(groups, cleaned, Path(scratch))
-        for split in splits:
-            systems = (
-                clean.get(split, {}) if split.endswith(SUFFIX) else split_entries(groups, split)
-            )
+        for split, systems in entries_by_split(groups, splits, Path(scratch)).items():
             rows += [contrast(systems, split, a, b, samples, cache) for a, b in pairs]
     judge(rows)
     return rows
