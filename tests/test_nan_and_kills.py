@@ -396,3 +396,65 @@ def test_sigterm_while_the_test_sets_are_decoded_is_one_line_and_keeps_the_train
     assert "stopped (SIGTERM) outside the training steps; what was saved stays" in caplog.text
     assert (run_dir / "checkpoints" / "last.pt").is_file()
     assert signal.getsignal(signal.SIGTERM) == before  # put back afterwards
+
+
+@pytest.mark.parametrize(
+    ("signum", "line"),
+    [(signal.SIGTERM, "stopped (SIGTERM)"), (signal.SIGINT, "interrupted (Ctrl-C)")],
+)
+def test_a_signal_before_the_first_step_stops_at_once(tmp_path, monkeypatch, caplog, signum, line):
+    """Preparing the corpus and training the tokenizer once went on for 35 s after SIGTERM
+    (the signal waited for a training step); with no step to finish it now stops there."""
+    import os
+    import time
+
+    def preparing_for_long(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        time.sleep(30)  # a long preparation: the signal must cut it short
+        raise AssertionError("the signal did not stop the preparation")
+
+    monkeypatch.setattr(train_module, "set_up", preparing_for_long)
+    started = time.perf_counter()
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as stopped:
+        run(compose(*SMOKE, "trainer.max_steps=4"), tmp_path / "run")
+    assert time.perf_counter() - started < 10
+    assert stopped.value.code == 128 + signum
+    assert f"{line} outside the training steps; what was saved stays" in caplog.text
+
+
+WORKERS_HOLD = """
+import fcntl, sys, time
+from posenc.data.prepare import _workers
+lock = open(sys.argv[1], "w")
+fcntl.flock(lock, fcntl.LOCK_EX)
+with _workers(2) as pool:
+    pending = [pool.apply_async(time.sleep, (60,)) for _ in range(2)]
+    time.sleep(1)  # the workers are asleep in their tasks
+    print("working", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_workers_of_a_killed_preparation_end_with_it_and_free_the_run_lock(tmp_path):
+    """A forked tokenising worker shares its parent's open files, the run lock among them:
+    after ``kill -9`` of the preparing process, orphans once held the lock for 6-9 s (the rerun
+    was refused, naming a dead pid)."""
+    import fcntl
+    import time
+
+    path = tmp_path / ".lock"
+    process = subprocess.Popen(
+        [sys.executable, "-c", WORKERS_HOLD, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout.readline() == "working\n"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    with open(path) as handle:
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "an orphaned worker still holds the lock"
+                time.sleep(0.05)

@@ -26,6 +26,7 @@ from test_faults import logged_steps, saved_step, wait_for
 
 from posenc.job import run
 from posenc.runtime import checkpoint
+from posenc.runtime.cli import Terminated
 from posenc.runtime.sinks import CsvSink
 from posenc.training.interrupt import StopRequests
 
@@ -121,9 +122,13 @@ def test_a_signal_stops_after_the_step_with_a_checkpoint_and_one_line(tmp_path, 
     assert logged_steps(run_dir) == list(range(1, 401))
 
 
-def test_the_first_signal_asks_and_a_second_ctrl_c_stops_at_once():
+def test_while_steps_run_the_first_signal_asks_and_a_second_ctrl_c_stops_at_once():
+    """Before the first step there is nothing to finish: a signal stops at once."""
     stop = StopRequests()
     before = signal.getsignal(signal.SIGINT)
+    with stop.installed(), pytest.raises(Terminated):
+        os.kill(os.getpid(), signal.SIGTERM)
+    stop.deferring = True  # the training steps have begun
     with stop.installed():
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.signum == signal.SIGTERM

@@ -16,6 +16,7 @@ A run prepares on first use when nothing is there (:func:`posenc.training.inputs
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import mmap
@@ -241,13 +242,24 @@ def _encoded_chunk(start: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     return src, tgt
 
 
-def _worker_signals() -> None:
+#: Linux's prctl option that sends the caller a signal when its parent ends
+PR_SET_PDEATHSIG = 1
+
+
+def _worker_signals(parent: int) -> None:
     """A worker's signals: SIGTERM ends it (the pool ends its workers so), Ctrl-C is the
     preparing process's to handle. A fork inherits the parent's handlers, and training's,
     installed while it prepares its corpus, would swallow the pool's SIGTERM: the run would wait
-    for its workers forever."""
+    for its workers forever. On Linux the worker is also killed when the preparing process
+    ``parent`` ends in any way (``kill -9`` included): a fork shares its parent's open files,
+    the run's lock among them, and an orphan finishing its chunk would hold the lock for
+    seconds after its run was gone."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent ended before the request took effect
+            os._exit(1)
 
 
 @contextlib.contextmanager
@@ -263,7 +275,9 @@ def _workers(count: int) -> Iterator[Any]:
     before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        pool = multiprocessing.get_context("fork").Pool(count, initializer=_worker_signals)
+        pool = multiprocessing.get_context("fork").Pool(
+            count, initializer=_worker_signals, initargs=(os.getpid(),)
+        )
     finally:
         if before is None:
             del os.environ["TOKENIZERS_PARALLELISM"]

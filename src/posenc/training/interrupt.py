@@ -3,7 +3,10 @@
 While training, a signal only asks to stop: the loop finishes the step in progress, writes a
 checkpoint when a step was taken since the last one, and ends with one line that names the
 checkpoint and the command that resumes (:class:`TrainingInterrupted`, exit status 128 + the
-signal's number, as a shell reports a killed command). A second Ctrl-C stops at once.
+signal's number, as a shell reports a killed command). A second Ctrl-C stops at once. Before
+the first step (preparing the corpus, training the tokenizer, building the model) there is no
+step to finish: a signal stops at once there (``KeyboardInterrupt``, or
+:class:`~posenc.runtime.cli.Terminated` for SIGTERM), and the job says so in one line.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+
+from posenc.runtime.cli import Terminated
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -32,6 +37,8 @@ class StopRequests:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        #: whether a signal waits for the step in progress (True once training steps begin)
+        self.deferring = False
 
     @property
     def name(self) -> str:
@@ -54,6 +61,8 @@ class StopRequests:
                 signal.signal(signum, handler)
 
     def _receive(self, signum: int, frame: FrameType | None) -> None:
+        if not self.deferring:  # no step to finish: stop where the process is
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
         if self.signum == signal.SIGINT and signum == signal.SIGINT:
             raise KeyboardInterrupt  # Ctrl-C twice: stop now
         self.signum = self.signum or signum

@@ -87,6 +87,7 @@ def _train(
     scorer: Scorer | None,
 ) -> dict:
     run = set_up(cfg, directory, start, scorer)
+    stop.deferring = True  # from here a signal waits for the step in progress
     for group in step_groups(run):
         if take_step(run, group) and run.state.step % run.trainer.valid_every == 0:
             validate(run)
