@@ -717,3 +717,24 @@ def test_the_report_names_paths_as_a_reader_types_them(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert shown(tmp_path / "home" / "runs") == "~/runs"
     assert shown(Path("/elsewhere/sweep")) == "/elsewhere/sweep"
+
+
+def test_an_interrupted_report_leaves_the_previous_one_as_it_was(sweep, tmp_path, monkeypatch):
+    """Once, Ctrl-C during a report left its new figures beside the old ``report.md`` while
+    saying nothing half-written was kept: a report is written aside and moved in whole."""
+    import posenc.analysis.report.build as build_module
+
+    out = tmp_path / "report"
+    build_report(sweep, out, samples=20)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert any(p.suffix == ".png" for p in before)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_module, "write_html", interrupted)  # the last file written
+    with pytest.raises(KeyboardInterrupt):
+        build_report(sweep, out, focus="test", samples=30)
+    after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report.")]

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,7 @@ from posenc.analysis.report.html import write_html
 from posenc.analysis.report.render import Heading, Table, Text, Writer, palette
 from posenc.analysis.report.runs import (
     ReportError,
+    Run,
     first_line,
     group_runs,
     load_run,
@@ -33,7 +36,7 @@ from posenc.analysis.report.sections_by_encoding import (
 from posenc.analysis.report.sections_by_split import split_sections
 from posenc.analysis.report.stats import system_order
 from posenc.runtime.cli import one_line_errors
-from posenc.runtime.files import write_text
+from posenc.runtime.files import temporary_folder, write_text
 from posenc.runtime.hparams import (
     sweeps_parent,
     write_all_sweeps_experiment,
@@ -121,6 +124,26 @@ def build_report(
     splits = split_names(runs, focus.removesuffix(SUFFIX))
     reference = reference_of(runs, reference)
     out.mkdir(parents=True, exist_ok=True)
+    staging = temporary_folder(out.parent, f".{out.name}.")
+    try:  # written aside and moved in whole: an interrupted report leaves the old one as it was
+        report = _write(sweep, staging, runs, splits, focus, samples, reference, bench)
+        move_into(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Report(out / report.path.name, report.reading, report.scores)
+
+
+def _write(
+    sweep: Path,
+    out: Path,
+    runs: list[Run],
+    splits: list[str],
+    focus: str,
+    samples: int,
+    reference: str,
+    bench: Path | None,
+) -> Report:
+    """:func:`build_report`'s writing, into ``out``."""
     groups = group_runs(runs)
     bench_note, times = None, None
     if bench is not None:
@@ -172,6 +195,16 @@ def build_report(
     path = w.save()
     write_html(w.blocks, out)
     return Report(path, summary, scores)
+
+
+def move_into(staging: Path, out: Path) -> None:
+    """Move every file under ``staging`` to the same place under ``out``, replacing what is
+    there (other files of ``out`` stay)."""
+    for path in sorted(staging.rglob("*")):
+        if path.is_file():
+            target = out / path.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
 
 
 def scores_summary(scores: Table | None) -> str:
