@@ -189,6 +189,20 @@ def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.parametrize(("flag", "key"), [((), "hydra.run.dir"), (("-m",), "hydra.sweep.dir")])
+def test_an_output_folder_that_cannot_be_written_is_one_line(tmp_path, flag, key):
+    """Once Hydra's traceback from its own mkdir; a read-only folder fails the same way."""
+    (tmp_path / "file").write_text("not a folder")
+    folder = tmp_path / "file" / "run"
+    result = _cli(*flag, "experiment=smoke", f"{key}={folder}", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {key}={folder} cannot be made or written to (Not a directory); choose a "
+        f"folder you can write to: {key}=DIR"
+    )
+    assert "Traceback" not in result.stderr
+
+
 def test_an_unknown_encoding_name_is_a_clear_error(tmp_path):
     result = _cli("pe=nope", cwd=tmp_path)
     assert result.returncode != 0
