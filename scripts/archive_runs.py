@@ -49,7 +49,7 @@ from collections import defaultdict
 from pathlib import Path, PurePosixPath
 
 from posenc.analysis.portable import portable
-from posenc.runtime.files import replacing, temporary_folder
+from posenc.runtime.files import inside, replacing, temporary_folder
 from posenc.runtime.untrusted import UntrustedFileError, read_bytes
 
 #: the largest file archived or restored (newstest2014's hypotheses are about 0.4 MB)
@@ -329,10 +329,11 @@ def restore(archive: Path, sweep: Path) -> None:
         try:
             work = temporary_folder(sweep, f".{name}.")
             for relative, body in unpacked_run(files, name).items():
-                (work / relative).parent.mkdir(parents=True, exist_ok=True)
-                (work / relative).write_bytes(body)
+                target = inside(work, relative)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(body)
             work.rename(sweep / name)
-        except UntrustedFileError as err:
+        except ValueError as err:  # UntrustedFileError, or a name leading out
             said = f"not restored {name}: {err}"
         except OSError as err:  # a full or read-only disk: this run is not written, say so
             said = f"not restored {name}: cannot write into {sweep} ({err.strerror})"

@@ -10,6 +10,7 @@ import stat
 import pytest
 
 from posenc.runtime.files import (
+    inside,
     read_json,
     replacing,
     temporary_folder,
@@ -62,3 +63,25 @@ def test_a_temporary_folder_has_the_umasks_permissions_not_mkdtemps(tmp_path, um
         os.umask(previous)
     assert folder.parent == tmp_path and folder.name.startswith(".made.")
     assert stat.S_IMODE(folder.stat().st_mode) == mode
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["/etc/x", "run//tmp/x", "run/../../x", "..", ".", "", "run/./x", "run\\..\\x", "run/"],
+)
+def test_a_name_from_an_archive_or_a_file_that_is_not_plainly_inside_its_folder_is_refused(
+    tmp_path, name
+):
+    with pytest.raises(ValueError, match="not a plain relative path inside"):
+        inside(tmp_path, name)
+
+
+def test_a_name_that_a_link_leads_out_of_its_folder_is_refused(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "out").symlink_to(tmp_path)
+    with pytest.raises(ValueError, match="leads out of"):
+        inside(folder, "out/x")
+    odd = "ｒｕｎ∕．．∕x"  # fullwidth letters, a division slash and fullwidth dots: one odd name
+    assert inside(folder, odd) == folder / odd
+    assert inside(folder, "a/b.txt") == folder / "a" / "b.txt"

@@ -74,6 +74,24 @@ def _umask() -> int:
     return mask
 
 
+def inside(folder: Path, name: str) -> Path:
+    """``folder / name`` for a relative ``name`` from a file or an archive (untrusted): refused
+    unless, written as it is (``a//b`` is not folded to ``a/b``), it is relative, uses ``/``
+    alone, has no empty, ``.`` or ``..`` part, and its resolved path (links followed) lies
+    inside the resolved ``folder``.
+
+    Raises:
+        ValueError: one line naming ``name`` and why.
+    """
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{name!r} is not a plain relative path inside {folder}")
+    path = folder.joinpath(*parts)
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise ValueError(f"{name!r} leads out of {folder}")
+    return path
+
+
 class LinkRefused(OSError):
     """A file to append to is a symbolic link; the message names it and the fix."""
 
