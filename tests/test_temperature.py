@@ -11,7 +11,8 @@ import torch
 from conftest import tiny_model
 from test_every_encoding import _decode_in_chunks
 
-from posenc.model.encodings.base import AttentionCall, AttentionRule
+from posenc.model.encodings.base import AttentionCall, AttentionRule, WrapperRule, rule_hooks
+from posenc.model.encodings.common import DapeRule
 from posenc.model.temperature import Temperature, TemperedRule
 
 
@@ -142,3 +143,47 @@ def test_cached_decoding_padding_and_float64_hold_with_a_temperature(name, overr
 def test_a_temperature_setting_that_cannot_apply_is_refused_in_one_line(settings, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         tiny_model("nonepe", **settings)
+
+
+class Recording(AttentionRule):
+    """An inner rule whose every hook records that it was reached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached: list[str] = []
+
+
+for _name in rule_hooks():
+    setattr(
+        Recording,
+        _name,
+        lambda self, *args, _name=_name, **kwargs: self.reached.append(_name) or _name,
+    )
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda inner: TemperedRule(inner, Temperature("ssmax", None, 0.5, None), n_heads=2),
+        lambda inner: DapeRule(inner, n_heads=2, hidden=4),
+    ],
+    ids=["temperature", "dape"],
+)
+def test_a_wrapper_rule_forwards_every_hook_it_does_not_override(wrap):
+    """Once TemperedRule forwarded its hooks by hand: a hook added later and forgotten there
+    would have fallen back to the default without a word. Every hook of AttentionRule that a
+    wrapper's class does not define itself reaches the inner rule."""
+    inner = Recording()
+    wrapper = wrap(inner)
+    forwarded = [
+        name
+        for name in rule_hooks()
+        if not any(
+            name in vars(c)
+            for c in type(wrapper).__mro__[: type(wrapper).__mro__.index(WrapperRule)]
+        )
+    ]
+    assert forwarded and "prepare" in forwarded
+    for name in forwarded:
+        assert getattr(wrapper, name)(*range(5)) == name
+    assert inner.reached == forwarded

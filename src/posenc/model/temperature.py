@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc.model.encodings.base import AttentionCall, AttentionRule
+from posenc.model.encodings.base import AttentionCall, AttentionRule, WrapperRule
 
 TEMPERATURES = ("llama4", "ssmax")
 #: the defaults of the settings each temperature reads: ``scale`` and (Llama 4) ``floor_scale``
@@ -124,18 +124,17 @@ class Temperature:
         return TemperedRule(rule, self, n_heads)
 
 
-class TemperedRule(AttentionRule):
+class TemperedRule(WrapperRule):
     """An attention rule whose queries are scaled by :class:`Temperature` before ``inner``
-    attends with them (its :meth:`prepare` and :meth:`bias` unchanged).
+    attends with them (every other hook is ``inner``'s, :class:`WrapperRule`).
 
     Attributes:
         s: ``(H,)`` SSMax's learned scales (ssmax only).
     """
 
     def __init__(self, inner: AttentionRule, temperature: Temperature, n_heads: int) -> None:
-        super().__init__()
-        self.inner, self.temperature = inner, temperature
-        self.rotates_qk, self.masking_bias = inner.rotates_qk, inner.masking_bias
+        super().__init__(inner)
+        self.temperature = temperature
         self.s = (
             nn.Parameter(torch.full((n_heads,), temperature.scale))
             if temperature.kind == "ssmax"
@@ -158,26 +157,10 @@ class TemperedRule(AttentionRule):
             n = allowed.sum(-1, keepdim=True)
         return self.s.to(dtype)[None, :, None, None] * torch.log(n.to(dtype).clamp(min=1))
 
-    def prepare(
-        self, q: Tensor, k: Tensor, x: Tensor, positions: Tensor, context: Any = None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        return self.inner.prepare(q, k, x, positions, context)
-
-    def bias(
-        self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
-    ) -> Tensor | None:
-        return self.inner.bias(q, k, key_state, call)
-
-    def score_scale(self, q: Tensor) -> float | None:
-        return self.inner.score_scale(q)
-
     def weights(
         self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         return self.inner.weights(q * self.factor(call, q.dtype), k, key_state, call)
-
-    def after_feedforward(self, y: Tensor, call: AttentionCall) -> None:
-        self.inner.after_feedforward(y, call)
 
     def attend_cached(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall

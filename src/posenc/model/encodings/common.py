@@ -47,6 +47,7 @@ from posenc.model.encodings.base import (
     AttentionRule,
     Site,
     StackEncoding,
+    WrapperRule,
     compute_dtype,
 )
 
@@ -146,9 +147,11 @@ class SharedBias(AttentionRule):
         return call.context
 
 
-class DapeRule(AttentionRule):
+class DapeRule(WrapperRule):
     """A bias rule with DAPE: the bias ``P`` of ``inner`` becomes ``P + f(S, P)`` (module
-    docstring), with this layer's own MLP ``f`` (``2H -> hidden -> H``, LeakyReLU).
+    docstring), with this layer's own MLP ``f`` (``2H -> hidden -> H``, LeakyReLU). Attention
+    itself (:meth:`forward`, :meth:`weights`, :meth:`attend_cached`) is the default rule's with
+    that bias; every other hook is ``inner``'s (:class:`WrapperRule`).
 
     Args:
         inner: the encoding's rule of this layer; its :meth:`~AttentionRule.bias` gives
@@ -167,11 +170,9 @@ class DapeRule(AttentionRule):
         hidden: int,
         blocked: Callable[[Tensor, Tensor], Tensor] | None = None,
     ) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.n_heads = n_heads
         self.blocked = blocked
-        self.masking_bias = inner.masking_bias
         self.hidden = nn.Linear(2 * n_heads, hidden)
         self.out = nn.Linear(hidden, n_heads)
         self.reset_parameters()
@@ -180,10 +181,9 @@ class DapeRule(AttentionRule):
         for layer in (self.hidden, self.out):
             layer.reset_parameters()  # nn.Linear's default, as the reference code
 
-    def prepare(
-        self, q: Tensor, k: Tensor, x: Tensor, positions: Tensor, context: Any = None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        return self.inner.prepare(q, k, x, positions, context=context)
+    # attention with this rule's own bias, not inner's
+    forward, weights = AttentionRule.forward, AttentionRule.weights
+    attend_cached = AttentionRule.attend_cached
 
     def bias(self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor:
         """``P + f(S, P)`` ``(B, H, Lq, Lk)`` with ``S = q k^T / sqrt(D)`` before any mask, both
