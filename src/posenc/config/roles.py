@@ -1,13 +1,16 @@
 """What each setting is to a run besides a hyper-parameter, declared once per key: whether it only
 steers how or where the run executes, bounds how long it trains, names a file, is left out of
 reports or of the run directory's name. Every list of keys that identity, the report, the run
-directory's name and Hydra's ``exclude_keys`` use is derived from :data:`ROLES` (the suite checks
-that ``configs/train.yaml``'s ``exclude_keys`` is :func:`keys_with` ``(NAMELESS)``); a setting
-with no entry is a hyper-parameter: part of the run's identity, its name and its reports."""
+directory's name, a standalone evaluation's name and Hydra's ``exclude_keys`` use is derived
+from :data:`ROLES` (``configs/train.yaml`` reads the last through the resolver
+``${nameless_keys:}``); a setting with no entry is a hyper-parameter: part of the run's
+identity, its name and its reports."""
 
 from __future__ import annotations
 
 from enum import Flag, auto
+
+from omegaconf import OmegaConf
 
 
 class Role(Flag):
@@ -27,7 +30,8 @@ class Role(Flag):
     UNREPORTED = auto()
     #: left out of the run directory's readable name (Hydra's ``exclude_keys``)
     NAMELESS = auto()
-    #: an evaluation setting that changes nothing an evaluation reports
+    #: changes how an evaluation runs, never what it reports: left out of its identity and of a
+    #: standalone evaluation's folder name
     EVAL_CONTROL = auto()
 
 
@@ -47,8 +51,8 @@ ROLES: dict[str, Role] = {
     "name": R | N,
     "experiment": N,  # Hydra's group choice: its settings are in the name's other keys
     "cache_dir": R | U | N,
-    "device": R | N,
-    "threads": R | N,
+    "device": R | N | E,
+    "threads": R | N | E,
     "objective": R | N,
     "reference_pe": R | N,
     "data.dir": F | U | N,
@@ -58,7 +62,7 @@ ROLES: dict[str, Role] = {
     "trainer.patience": B,
     "trainer.init_from": F | N,
     "trainer.resume": R | N,
-    "trainer.progress": R | N,
+    "trainer.progress": R | N | E,
     "trainer.log_every": R,
     "trainer.compile": R,
     "trainer.nan_policy": R,
@@ -82,3 +86,8 @@ ROLES: dict[str, Role] = {
 def keys_with(role: Role) -> frozenset[str]:
     """The settings that have ``role``."""
     return frozenset(key for key, roles in ROLES.items() if role in roles)
+
+
+OmegaConf.register_new_resolver(
+    "nameless_keys", lambda: sorted(keys_with(Role.NAMELESS)), replace=True
+)

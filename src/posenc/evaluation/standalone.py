@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc.config import EvalConfig
 from posenc.config.identity import (
+    EVAL_RUN_CONTROL,
     differences,
     digest,
     evaluation_identity,
@@ -120,20 +121,17 @@ def _data(config: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in training_identity(config).items() if k.startswith("data.")}
 
 
-#: overrides that change how an evaluation runs, never what it scores: left out of its name, so
-#: the same evaluation with a progress bar or on another device reads the one already there
-NOT_IN_NAME = frozenset({"trainer.progress", "device", "threads"})
-
-
 def evaluation_dir(
     run_dir: Path, overrides: list[str], step: int, cfg: DictConfig, members: Sequence[dict] = ()
 ) -> Path:
     """``RUN/evals/<overrides>,step=N``: one directory per distinct standalone evaluation
-    (:data:`NOT_IN_NAME` left out, cut to fit a file name); for an ensemble (``members``, as
-    :func:`load_runs` gives them), ``ensemble=...`` among them (:func:`ensemble_item`). When that
-    directory holds an evaluation under other settings than ``cfg``'s (the run's config changed
-    since), this one is ``<overrides>,step=N@DIGEST`` instead, the digest of its settings."""
-    scored = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in NOT_IN_NAME]
+    (overrides that change how it runs, never what it scores, left out:
+    :data:`~posenc.config.identity.EVAL_RUN_CONTROL`; cut to fit a file name); for an ensemble
+    (``members``, as :func:`load_runs` gives them), ``ensemble=...`` among them
+    (:func:`ensemble_item`). When that directory holds an evaluation under other settings than
+    ``cfg``'s (the run's config changed since), this one is ``<overrides>,step=N@DIGEST``
+    instead, the digest of its settings."""
+    scored = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in EVAL_RUN_CONTROL]
     ensemble = [ensemble_item(members)] if len(members) > 1 else []
     items = sorted([*scored, *ensemble, f"step={step}"])
     name = re.sub(r"[^\w.=,+\-{}:\[\]]", "_", ",".join(items))
