@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from posenc.analysis.reading import reading, split_reading
 from posenc.analysis.report.findings import (
     NOISE,
     ONE_SEED,
@@ -12,6 +11,7 @@ from posenc.analysis.report.findings import (
     UNINFORMATIVE,
     WORSE,
 )
+from posenc.analysis.report.reading import reading, split_reading
 
 
 def row(section: str, split: str, encoding: str, metric: str, value, run: str = "") -> dict:

@@ -278,17 +278,13 @@ def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | N
     sys.exit(1)
 
 
-#: what Hydra writes into a job's directory before posenc runs: all that a refused config left
-HYDRA_START = frozenset({".hydra", "train.log"})
-
-
 def _remove_hydras_start(run_dir: RunDir) -> None:
     """Remove a run directory that holds only what Hydra wrote for this job (its ``.hydra/``
     copy of the settings and the log), and the folders above it under the working directory
     that it leaves empty: a refused configuration leaves nothing behind. A directory with
     anything else in it (an earlier run) is left as it is."""
     path = run_dir.path
-    if path.is_dir() and not path.is_symlink() and {p.name for p in path.iterdir()} <= HYDRA_START:
+    if path.is_dir() and not path.is_symlink() and {p.name for p in path.iterdir()} <= HYDRA_FILES:
         shutil.rmtree(path, ignore_errors=True)
         here = Path.cwd().resolve()
         for parent in path.resolve().parents:  # the folders Hydra made for it, left empty

@@ -24,6 +24,7 @@ from posenc.analysis.decision import (
     compare_scores,
     contrast_deviation,
 )
+from posenc.analysis.markdown import system_table
 from posenc.analysis.report.findings import (
     LOOP_CEILING,
     METRICS,
@@ -213,23 +214,20 @@ def depth_table(
     loss_at = {(c.system, c.step): c for c in losses}
     systems = list(dict.fromkeys([c.system for c in cells] + [c.system for c in losses]))
     head = [f"{split}: BLEU; chrF" for split in splits] + [loss_heading(s) for s in steps]
-    lines = ["| system | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
-    for system in systems:
-        row = []
-        for split in splits:
-            cell = at.get((system, split))
+
+    def text(system: str, i: int) -> str | None:
+        if i < len(splits):
+            cell = at.get((system, splits[i]))
             if cell is None or cell.judgement is None:
-                row.append("-")
-                continue
+                return None
             found = cell.judgement.comparisons
-            row.append(f"{found['bleu'].text()}; {found['chrf'].text()} {cell.verdict()}")
-        for step in steps:
-            loss = loss_at.get((system, step))
-            if loss is None or loss.comparison is None:
-                row.append("-")
-            else:
-                row.append(f"{loss.comparison.text(3)} {loss.verdict()}")
-        lines.append(f"| {system} | " + " | ".join(row) + " |")
+            return f"{found['bleu'].text()}; {found['chrf'].text()} {cell.verdict()}"
+        loss = loss_at.get((system, steps[i - len(splits)]))
+        if loss is None or loss.comparison is None:
+            return None
+        return f"{loss.comparison.text(3)} {loss.verdict()}"
+
+    lines = system_table(head, systems, text)
     tests = len(tested_p([c.judgement for c in cells if c.judgement is not None]))
     loss_tests = sum(c.p_holm is not None for c in losses)
     noise = "seeds and, for BLEU and chrF, resampled test sentences as noise" if cells else ""

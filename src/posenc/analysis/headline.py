@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from posenc.analysis.decision import Comparison, compare_scores, loss_statistics
+from posenc.analysis.markdown import system_table
 from posenc.analysis.plan import add_plan_arguments
 from posenc.analysis.report.clean import entries_by_split
 from posenc.analysis.report.findings import (
@@ -274,22 +275,16 @@ def headline_table(cells: Sequence[Cell], metric: str, baseline: str) -> list[st
     """Markdown: one row per system, one column per depth and split: the difference from
     ``baseline`` in ``metric`` with its interval and the verdict."""
     columns = list(dict.fromkeys((c.depth, c.split) for c in cells))
-    systems = list(dict.fromkeys(c.system for c in cells))
     at = {(c.depth, c.split, c.system): c for c in cells}
-    lines = [
-        "| system | " + " | ".join(f"{depth}, {split}" for depth, split in columns) + " |",
-        "|---|" + "---|" * len(columns),
-    ]
-    for system in systems:
-        row = []
-        for depth, split in columns:
-            cell = at.get((depth, split, system))
-            judged = cell.judgement if cell else None
-            if judged is None:
-                row.append("-")
-                continue
-            row.append(f"{judged.comparisons[metric].text()} {cell.verdict()}")
-        lines.append(f"| {system} | " + " | ".join(row) + " |")
+
+    def text(system: str, i: int) -> str | None:
+        found = at.get((*columns[i], system))
+        if found is None or found.judgement is None:
+            return None
+        return f"{found.judgement.comparisons[metric].text()} {found.verdict()}"
+
+    headings = [f"{depth}, {split}" for depth, split in columns]
+    lines = system_table(headings, list(dict.fromkeys(c.system for c in cells)), text)
     lines += [
         "",
         f"Each cell: the system's mean {LABELS.get(metric, metric)} over its seeds minus "
@@ -320,16 +315,14 @@ def loss_table(cells: Sequence[LossCell], baseline: str) -> list[str]:
     best validation loss (nats) with its interval and the verdict."""
     depths = list(dict.fromkeys(c.depth for c in cells))
     at = {(c.depth, c.system): c for c in cells}
-    lines = ["| system | " + " | ".join(depths) + " |", "|---|" + "---|" * len(depths)]
-    for system in dict.fromkeys(c.system for c in cells):
-        row = []
-        for depth in depths:
-            cell = at.get((depth, system))
-            if cell is None or cell.comparison is None:
-                row.append("-")
-                continue
-            row.append(f"{cell.comparison.text(3)} {cell.verdict()}")
-        lines.append(f"| {system} | " + " | ".join(row) + " |")
+
+    def text(system: str, i: int) -> str | None:
+        found = at.get((depths[i], system))
+        if found is None or found.comparison is None:
+            return None
+        return f"{found.comparison.text(3)} {found.verdict()}"
+
+    lines = system_table(depths, list(dict.fromkeys(c.system for c in cells)), text)
     lines += [
         "",
         f"Each cell: the system's best validation loss (nats, mean over its seeds) minus "

@@ -1,6 +1,9 @@
-"""Generated sections of hand-written Markdown pages (the guide's tables)."""
+"""Markdown of generated pages: sections of hand-written pages (the guide's tables) and the
+one-row-per-system tables of the headline and the depth contrast."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -16,3 +19,15 @@ def fill_section(page: str, name: str, body: str) -> str:
     head, rest = page.split(start, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{start}\n{body.strip()}\n{end}{tail}"
+
+
+def system_table(
+    headings: Sequence[str], systems: Sequence[str], cell: Callable[[str, int], str | None]
+) -> list[str]:
+    """A Markdown table, one row per system and one column per heading: ``cell(system, i)`` is
+    the text of column ``i`` (None: ``-``)."""
+    lines = ["| system | " + " | ".join(headings) + " |", "|---|" + "---|" * len(headings)]
+    for system in systems:
+        row = [cell(system, i) or "-" for i in range(len(headings))]
+        lines.append(f"| {system} | " + " | ".join(row) + " |")
+    return lines

@@ -7,7 +7,7 @@ puts each job of a multirun in ``SWEEP_DIR/<override_dirname>/``) and writes int
 NAME`` from its standalone evaluation ``RUN/evals/NAME/`` (see :mod:`posenc.evaluation`):
 
 - ``report.md``: a reading (one paragraph, also in ``reading.txt``: what the significance tests
-  say and how far to trust them, see :mod:`posenc.analysis.reading`), then runs and their status,
+  say and how far to trust them, see :mod:`.reading`), then runs and their status,
   learning curves, scores, significance, length buckets, cost and attention maps, every split of
   the metrics (the focus split ``--split`` first);
 - ``*.png``: the figures the report shows;

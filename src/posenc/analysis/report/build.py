@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from posenc.analysis.reading import reading
 from posenc.analysis.report.benchtime import add_bench_curves, read_bench
 from posenc.analysis.report.clean import SUFFIX, clean_entries
 from posenc.analysis.report.html import write_html
+from posenc.analysis.report.reading import reading
 from posenc.analysis.report.render import Heading, Table, Text, Writer, palette
 from posenc.analysis.report.runs import (
     ReportError,
