@@ -14,7 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 import posenc.model.encodings.rotary as rotary
 from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
-from posenc.model.encodings.rope_scaling import AT_LENGTHS
+from posenc.model.encodings.rope_scaling import SCALINGS
 from posenc.model.encodings.rotary import CrossRotaryRule, RotaryEncoding
 from posenc.model.encodings.rotation import RotaryRule, rotation_table
 from posenc.model.positions import PositionAugmentation
@@ -415,7 +415,7 @@ def test_longrope_matches_transformers_short_and_long_frequencies_and_temperatur
         | LONG_FACTORS,
     )
     expected, attention = ROPE_INIT_FUNCTIONS["longrope"](config, seq_len=length)
-    got = AT_LENGTHS["longrope"](ours.inv_freq, ours.settings, torch.tensor([length]))[0]
+    got = SCALINGS["longrope"].at_lengths(ours.inv_freq, ours.settings, torch.tensor([length]))[0]
     torch.testing.assert_close(got, expected)
     assert ours.attention_factor == pytest.approx(attention)
     short, _ = ROPE_INIT_FUNCTIONS["longrope"](config)
@@ -451,3 +451,20 @@ def test_longrope_turns_a_source_by_its_length_and_a_target_position_by_the_leng
 def test_longrope_factors_are_refused_unless_one_per_pair_and_with_longrope(params, message):
     with pytest.raises(ValueError, match=message):
         make_rope(16, **params)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"scaling": "llama3", "factor": 2.0, "mscale": 1.0}, "mscale is YaRN's; set scaling=yarn"),
+        ({"scaling": "none", "low_freq_factor": 2.0}, "low_freq_factor is Llama 3's"),
+        ({"scaling": "yarn", "factor": 2.0, "mscal": 1.0}, "mscal is no setting of rope"),
+    ],
+)
+def test_a_scaling_reads_its_own_parameters_and_refuses_another_scalings(params, message):
+    """Each scaling's parameters are its entry's class (SCALINGS): given to another scaling
+    they would be ignored without a word, so they are refused, as is a key no scaling has."""
+    with pytest.raises(ValueError, match=message):
+        make_rope(16, **params)
+    own = make_rope(16, scaling="yarn", factor=2.0, mscale=1.0, mscale_all_dim=None)
+    assert own.settings.own.mscale == 1.0 and own.settings.own.mscale_all_dim is None

@@ -1,15 +1,19 @@
 """RoPE's context-extension scalings.
 
-One function each in :data:`SCALINGS`, keyed by ``pe.scaling`` (as transformers'
-``ROPE_INIT_FUNCTIONS``), and, for the scalings whose frequencies follow the sequence length
-(dynamic NTK, LongRoPE), the frequencies at given lengths in :data:`AT_LENGTHS`;
-:mod:`~posenc.model.encodings.rotary` applies them."""
+One entry each in :data:`SCALINGS`, keyed by ``pe.scaling`` (as transformers'
+``ROPE_INIT_FUNCTIONS``): its frequencies function, the class of its own parameters (read from
+the ``pe`` keys of that name, as transformers' init functions read ``rope_parameters``) and,
+for the scalings whose frequencies follow the sequence length (dynamic NTK, LongRoPE), the
+frequencies at given lengths. :func:`scaling_settings` reads and checks them;
+:mod:`~posenc.model.encodings.rotary` applies them. Adding a scaling with parameters is its
+function, its parameters' class and their keys in ``configs/pe/rope.yaml``."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,28 +41,76 @@ def yarn_attention_factor(
 
 @dataclass(frozen=True)
 class ScalingSettings:
-    """What a context-extension scaling reads: ``dim`` rotated dims, RoPE's ``base``, the
-    extension ``factor``, the training length ``original_max_len``, and Llama 3's band limits
-    (wavelengths beyond ``original_max_len / low_freq_factor`` are interpolated, those below
-    ``original_max_len / high_freq_factor`` kept; Llama 3.1's 1 and 4), YaRN's
-    ``mscale``/``mscale_all_dim`` (:func:`yarn_attention_factor`), and LongRoPE's per-pair
-    ``short_factor`` and ``long_factor`` (``dim / 2`` each)."""
+    """What every scaling reads: ``dim`` rotated dims, RoPE's ``base``, the extension
+    ``factor`` and the training length ``original_max_len``; ``own``: the scaling's own
+    parameters (an instance of its entry's class in :data:`SCALINGS`, or None)."""
 
     dim: int
     base: float = 10000.0
     factor: float = 1.0
     original_max_len: int = 256
+    own: Any = None
+
+
+@dataclass(frozen=True)
+class Llama3Bands:
+    """Llama 3's band limits: wavelengths beyond ``original_max_len / low_freq_factor`` are
+    interpolated, those below ``original_max_len / high_freq_factor`` kept (Llama 3.1's 1 and
+    4)."""
+
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
+
+    def check(self, dim: int) -> None:
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(
+                "rope: scaling=llama3 needs 0 < low_freq_factor < high_freq_factor, got "
+                f"{self.low_freq_factor} and {self.high_freq_factor}"
+            )
+
+
+@dataclass(frozen=True)
+class YarnTemperature:
+    """YaRN's temperature as DeepSeek-V2 sets it (:func:`yarn_attention_factor`; None: the
+    paper's ``0.1 ln(factor) + 1``)."""
+
     mscale: float | None = None
     mscale_all_dim: float | None = None
-    short_factor: tuple[float, ...] | None = None
-    long_factor: tuple[float, ...] | None = None
+
+    def check(self, dim: int) -> None:
+        """Nothing to check: any pair of numbers is a temperature."""
 
 
-Scaling = Callable[[ScalingSettings], tuple[Tensor, float]]
+@dataclass(frozen=True)
+class LongRopeFactors:
+    """LongRoPE's per-pair divisors of the frequencies up to (``short_factor``) and beyond
+    (``long_factor``) ``original_max_len``: ``dim / 2`` positive numbers each, required."""
+
+    short_factor: Any = None
+    long_factor: Any = None
+
+    def check(self, dim: int) -> None:
+        for name in ("short_factor", "long_factor"):
+            value = getattr(self, name)
+            if (
+                not isinstance(value, list | tuple)
+                or len(value) != dim // 2
+                or any(
+                    isinstance(v, bool) or not isinstance(v, int | float) or v <= 0 for v in value
+                )
+            ):
+                raise ValueError(
+                    f"rope: scaling=longrope needs {name} as {dim // 2} positive numbers (one "
+                    f"per rotated pair), got {value!r}"
+                )
+
+
+Frequencies = Callable[[ScalingSettings], tuple[Tensor, float]]
 """``settings -> (inverse frequencies (dim/2,), attention factor)``: one context-extension
 scaling of RoPE."""
+AtLengths = Callable[[Tensor, ScalingSettings, Tensor], Tensor]
+"""``(inverse frequencies (r/2,) of the scaling, settings, lengths (S,)) -> inverse frequencies
+(S, r/2)``: a scaling whose frequencies follow the sequence length."""
 
 
 def _unscaled(s: ScalingSettings) -> tuple[Tensor, float]:
@@ -95,7 +147,7 @@ def _yarn(s: ScalingSettings) -> tuple[Tensor, float]:
     # 0 below ``low`` (fast pairs: extrapolate), 1 above ``high`` (slow pairs: interpolate).
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0.0, 1.0)
     inv_freq = inv_freq * (1.0 - ramp) + inv_freq / s.factor * ramp
-    return inv_freq, yarn_attention_factor(s.factor, s.mscale, s.mscale_all_dim)
+    return inv_freq, yarn_attention_factor(s.factor, s.own.mscale, s.own.mscale_all_dim)
 
 
 def _llama3(s: ScalingSettings) -> tuple[Tensor, float]:
@@ -106,12 +158,13 @@ def _llama3(s: ScalingSettings) -> tuple[Tensor, float]:
     wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)``."""
     inv_freq = rope_frequencies(s.dim, s.base)
     wavelength = 2 * math.pi / inv_freq
-    blend = (s.original_max_len / wavelength - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor
+    bands = s.own
+    blend = (s.original_max_len / wavelength - bands.low_freq_factor) / (
+        bands.high_freq_factor - bands.low_freq_factor
     )
     blended = (1 - blend) * inv_freq / s.factor + blend * inv_freq
-    long_waves = wavelength > s.original_max_len / s.low_freq_factor
-    short_waves = wavelength < s.original_max_len / s.high_freq_factor
+    long_waves = wavelength > s.original_max_len / bands.low_freq_factor
+    short_waves = wavelength < s.original_max_len / bands.high_freq_factor
     out = torch.where(long_waves, inv_freq / s.factor, blended)
     return torch.where(short_waves, inv_freq, out), 1.0
 
@@ -128,20 +181,8 @@ def _longrope(s: ScalingSettings) -> tuple[Tensor, float]:
     """LongRoPE (Ding et al. 2024, Phi-3's form in transformers): pair ``i``'s frequency
     divided by ``short_factor[i]`` up to ``original_max_len`` (these), by ``long_factor[i]``
     beyond (:func:`longrope_inverse_frequencies`), cos and sin times its temperature."""
-    short = torch.tensor(s.short_factor, dtype=torch.float32)
+    short = torch.tensor(s.own.short_factor, dtype=torch.float32)
     return rope_frequencies(s.dim, s.base) / short, _longrope_attention_factor(s)
-
-
-#: every scaling by its ``pe.scaling`` name
-SCALINGS: dict[str, Scaling] = {
-    "none": _unscaled,
-    "linear": _linear,
-    "ntk": _ntk,
-    "yarn": _yarn,
-    "dynamic_ntk": _unscaled,
-    "llama3": _llama3,
-    "longrope": _longrope,
-}
 
 
 def dynamic_ntk_inverse_frequencies(
@@ -166,8 +207,8 @@ def longrope_inverse_frequencies(inv_freq: Tensor, s: ScalingSettings, lengths: 
     divided by ``long_factor[i]`` instead of ``short_factor[i]`` for lengths over
     ``original_max_len``."""
     ratio = torch.tensor(
-        s.short_factor, dtype=torch.float32, device=inv_freq.device
-    ) / torch.tensor(s.long_factor, dtype=torch.float32, device=inv_freq.device)
+        s.own.short_factor, dtype=torch.float32, device=inv_freq.device
+    ) / torch.tensor(s.own.long_factor, dtype=torch.float32, device=inv_freq.device)
     beyond = (lengths > s.original_max_len)[:, None]
     return torch.where(beyond, inv_freq * ratio, inv_freq)
 
@@ -177,40 +218,79 @@ def _dynamic_ntk_at(inv_freq: Tensor, s: ScalingSettings, lengths: Tensor) -> Te
     return dynamic_ntk_inverse_frequencies(inv_freq, s.factor, s.original_max_len, lengths)
 
 
-def checked_longrope_factors(
-    scaling: str, dim: int, short_factor: object, long_factor: object
-) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
-    """``(short_factor, long_factor)`` as tuples: for ``longrope`` both lists of ``dim / 2``
-    positive numbers, for any other scaling both None.
+@dataclass(frozen=True)
+class Scaling:
+    """One context-extension scaling: its frequencies, the class of its own parameters (None:
+    it has none), its frequencies at given lengths when they follow the sequence length, and
+    what it needs: ``min_dim`` rotated dims, a training length ``original_max_len > 0``."""
+
+    frequencies: Frequencies
+    parameters: type | None = None
+    at_lengths: AtLengths | None = None
+    min_dim: int = 0
+    uses_training_length: bool = False
+    label: str = ""
+
+
+#: every scaling by its ``pe.scaling`` name
+SCALINGS: dict[str, Scaling] = {
+    "none": Scaling(_unscaled),
+    "linear": Scaling(_linear),
+    "ntk": Scaling(_ntk, min_dim=4),
+    "yarn": Scaling(_yarn, YarnTemperature, uses_training_length=True, label="YaRN"),
+    "dynamic_ntk": Scaling(
+        _unscaled, at_lengths=_dynamic_ntk_at, min_dim=4, uses_training_length=True
+    ),
+    "llama3": Scaling(_llama3, Llama3Bands, uses_training_length=True, label="Llama 3"),
+    "longrope": Scaling(
+        _longrope, LongRopeFactors, at_lengths=longrope_inverse_frequencies, label="LongRoPE"
+    ),
+}
+
+
+def scaling_settings(
+    scaling: str,
+    dim: int,
+    base: float,
+    factor: float,
+    original_max_len: int,
+    parameters: Mapping[str, Any],
+) -> ScalingSettings:
+    """The settings of ``scaling`` for ``dim`` rotated dims: ``parameters`` are the ``pe`` keys
+    of every scaling's own parameters (null: not given, the class's default).
 
     Raises:
-        ValueError: either is missing, of another length or not positive under ``longrope``,
-            or given to another scaling (one line).
+        ValueError: an unknown scaling or key, a key of another scaling given, or settings the
+            scaling cannot use (one line naming the key and the fix).
     """
-    factors = {"short_factor": short_factor, "long_factor": long_factor}
-    if scaling != "longrope":
-        given = [name for name, value in factors.items() if value is not None]
-        if given:
+    entry = SCALINGS.get(scaling)
+    if entry is None:
+        raise ValueError(f"rope: scaling={scaling!r} is unknown; use one of {', '.join(SCALINGS)}")
+    owners = {
+        f.name: (name, other)
+        for name, other in SCALINGS.items()
+        if other.parameters is not None
+        for f in fields(other.parameters)
+    }
+    for key, value in parameters.items():
+        if key not in owners:
+            raise ValueError(f"rope: {key} is no setting of rope; see configs/pe/rope.yaml")
+        owner, other = owners[key]
+        if value is not None and owner != scaling:
             raise ValueError(
-                f"rope: {given[0]} is LongRoPE's; set scaling=longrope or leave it null"
+                f"rope: {key} is {other.label}'s; set scaling={owner} or leave it null"
             )
-        return None, None
-    for name, value in factors.items():
-        if (
-            not isinstance(value, list | tuple)
-            or len(value) != dim // 2
-            or any(isinstance(v, bool) or not isinstance(v, int | float) or v <= 0 for v in value)
-        ):
-            raise ValueError(
-                f"rope: scaling=longrope needs {name} as {dim // 2} positive numbers (one per "
-                f"rotated pair), got {value!r}"
-            )
-    return tuple(map(float, short_factor)), tuple(map(float, long_factor))  # type: ignore[arg-type]
-
-
-#: the scalings whose frequencies follow the sequence length, by name: ``(inverse frequencies
-#: (r/2,) of :data:`SCALINGS`, settings, lengths (S,)) -> inverse frequencies (S, r/2)``
-AT_LENGTHS: dict[str, Callable[[Tensor, ScalingSettings, Tensor], Tensor]] = {
-    "dynamic_ntk": _dynamic_ntk_at,
-    "longrope": longrope_inverse_frequencies,
-}
+    if scaling != "none" and factor < 1.0:
+        raise ValueError(f"rope: scaling={scaling} needs factor >= 1, got factor={factor}")
+    if dim < entry.min_dim:
+        raise ValueError(f"rope: scaling={scaling} needs more than 2 rotated dims per head")
+    if entry.uses_training_length and original_max_len <= 0:
+        raise ValueError(f"rope: scaling={scaling} needs original_max_len > 0 ({original_max_len})")
+    own = None
+    if entry.parameters is not None:
+        names = {f.name for f in fields(entry.parameters)}
+        own = entry.parameters(
+            **{k: v for k, v in parameters.items() if k in names and v is not None}
+        )
+        own.check(dim)
+    return ScalingSettings(dim, base, factor, original_max_len, own)

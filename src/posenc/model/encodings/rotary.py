@@ -26,18 +26,13 @@ Where it applies: self-attention, keys rotated once at their own position before
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from posenc.model.encodings.base import AttentionCall, AttentionRule, Site
-from posenc.model.encodings.rope_scaling import (
-    AT_LENGTHS,
-    SCALINGS,
-    ScalingSettings,
-    checked_longrope_factors,
-)
+from posenc.model.encodings.rope_scaling import SCALINGS, ScalingSettings, scaling_settings
 from posenc.model.encodings.rotation import (
     RotaryRule,
     RotaryStack,
@@ -132,7 +127,7 @@ class LengthTables:
 
     def scaled(self, lengths: Tensor) -> Tensor:
         """The inverse frequencies ``(S, r/2)`` at ``lengths (S,)``."""
-        return AT_LENGTHS[self.scaling](self.inv_freq, self.settings, lengths)
+        return SCALINGS[self.scaling].at_lengths(self.inv_freq, self.settings, lengths)
 
 
 class RotateAtAttention(AttentionRule):
@@ -226,13 +221,10 @@ class RotaryEncoding(RotaryStack):
             no axis) or ``rotated`` (:class:`CrossRotaryRule`, x-transformers' ``context_pos``).
         rotate_num_heads: rotate only the last this many heads of every layer, the others
             without positions (x-transformers' ``rotate_num_heads``); ``None``: every head.
-        low_freq_factor, high_freq_factor: ``llama3``'s band limits (``ScalingSettings``;
-            ``None``: Llama 3.1's 1 and 4).
-        mscale, mscale_all_dim: YaRN's temperature as DeepSeek-V2 sets it
-            (:func:`yarn_attention_factor`; ``None``: the paper's ``0.1 ln(factor) + 1``).
-        short_factor, long_factor: ``longrope``'s per-pair divisors of the frequencies up to
-            and beyond ``original_max_len`` (``r/2`` each; required with it, refused
-            without).
+        **scaling_parameters: the scalings' own parameters, read by :data:`SCALINGS`' entry
+            of ``scaling`` (``low_freq_factor``/``high_freq_factor``: llama3's bands;
+            ``mscale``/``mscale_all_dim``: YaRN's temperature; ``short_factor``/``long_factor``:
+            LongRoPE's divisors); those of another scaling must be null.
     """
 
     applies_to = "encoder and decoder self-attention (q, k rotated); cross-attention plain"
@@ -259,12 +251,7 @@ class RotaryEncoding(RotaryStack):
         rope_proportion: float | None = None,
         cross_attention: str | None = None,
         rotate_num_heads: int | None = None,
-        low_freq_factor: float | None = None,
-        high_freq_factor: float | None = None,
-        mscale: float | None = None,
-        mscale_all_dim: float | None = None,
-        short_factor: list[float] | None = None,
-        long_factor: list[float] | None = None,
+        **scaling_parameters: Any,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
         if rotate_num_heads is not None and not 0 < rotate_num_heads <= n_heads:
@@ -278,15 +265,11 @@ class RotaryEncoding(RotaryStack):
                 f"rope: cross_attention={cross_attention!r} is unknown; "
                 f"use one of {CROSS_ATTENTION} (null: plain)"
             )
-        if cross_attention == "rotated" and scaling in AT_LENGTHS:
+        if cross_attention == "rotated" and getattr(SCALINGS.get(scaling), "at_lengths", None):
             raise ValueError(
                 f"rope: cross_attention=rotated with scaling={scaling}: the frequencies of a "
                 "source's and a target's lengths differ; use another scaling or "
                 "cross_attention=plain"
-            )
-        if scaling not in SCALINGS:
-            raise ValueError(
-                f"rope: scaling={scaling!r} is unknown; use one of {', '.join(SCALINGS)}"
             )
         dim = rotary_dim(d_model // n_heads, rotary_fraction)
         if rope_proportion is not None and rotary_fraction != 1.0:
@@ -294,41 +277,16 @@ class RotaryEncoding(RotaryStack):
                 f"rope: rope_proportion={rope_proportion} with rotary_fraction={rotary_fraction} "
                 "leaves dims unrotated twice; set rotary_fraction=1.0 for p-RoPE"
             )
-        if scaling != "none" and factor < 1.0:
-            raise ValueError(f"rope: scaling={scaling} needs factor >= 1, got factor={factor}")
-        if scaling in ("ntk", "dynamic_ntk") and dim <= 2:
-            raise ValueError(f"rope: scaling={scaling} needs more than 2 rotated dims per head")
-        if scaling in ("yarn", "dynamic_ntk", "llama3") and original_max_len <= 0:
-            raise ValueError(
-                f"rope: scaling={scaling} needs original_max_len > 0 ({original_max_len})"
-            )
-        bands = ScalingSettings(dim)
-        low = bands.low_freq_factor if low_freq_factor is None else low_freq_factor
-        high = bands.high_freq_factor if high_freq_factor is None else high_freq_factor
-        if scaling == "llama3" and not 0 < low < high:
-            raise ValueError(
-                f"rope: scaling=llama3 needs 0 < low_freq_factor < high_freq_factor, got "
-                f"{low} and {high}"
-            )
-        self.scaling, self.settings = (
-            scaling,
-            ScalingSettings(
-                dim,
-                base,
-                factor,
-                original_max_len,
-                low,
-                high,
-                mscale,
-                mscale_all_dim,
-                *checked_longrope_factors(scaling, dim, short_factor, long_factor),
-            ),
+        self.scaling = scaling
+        self.settings = scaling_settings(
+            scaling, dim, base, factor, original_max_len, scaling_parameters
         )
-        inv_freq, self.attention_factor = SCALINGS[scaling](self.settings)
+        entry = SCALINGS[scaling]
+        inv_freq, self.attention_factor = entry.frequencies(self.settings)
         if rope_proportion is not None:
             inv_freq = proportional_frequencies(inv_freq, rope_proportion)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.dynamic = scaling in AT_LENGTHS
+        self.dynamic = entry.at_lengths is not None
         self.cross_rotated = cross_attention == "rotated"
         if self.cross_rotated:
             self.applies_to = (
@@ -367,6 +325,6 @@ class RotaryEncoding(RotaryStack):
             )
         inv_freq = self.inv_freq
         if self.dynamic:  # (Lq, r/2): position m at the frequencies of length m + 1
-            inv_freq = AT_LENGTHS[self.scaling](inv_freq, self.settings, q_pos + 1)
+            inv_freq = SCALINGS[self.scaling].at_lengths(inv_freq, self.settings, q_pos + 1)
         table = rotation_table(q_pos, inv_freq, self.attention_factor)
         return RotaryTables(table, table)
