@@ -8,6 +8,7 @@ import json
 
 import pytest
 import sacrebleu
+import torch
 from conftest import SMOKE, compose
 
 from posenc.analysis.report.build import build_report
@@ -75,3 +76,40 @@ def test_a_metric_out_of_its_range_is_refused_naming_it(evaluated):
         check_metrics(data, evaluated / "metrics.json")
     del data["splits"]["test"]["chrf_pp"]
     assert check_metrics(data, evaluated / "metrics.json")  # optional: older runs lack it
+
+
+class CountingScorer:
+    """A metric computed by a "model": the share of hypotheses as long as their reference."""
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+
+    @classmethod
+    def of(cls, settings, device):
+        return cls(dict(settings))
+
+    def score(self, sources, hypotheses, references) -> dict:
+        same = sum(len(h) == len(r) for h, r in zip(hypotheses, references, strict=True))
+        return {"counting": same / len(references), "counting_batch": self.settings["batch_size"]}
+
+
+def test_a_metric_computed_by_a_model_is_its_entry_its_scorer_and_its_settings(
+    tmp_path, monkeypatch
+):
+    """BERTScore and COMET are built from their entries (``scorer``, ``settings``), not by
+    hand: a new entry alone reaches every split's scores."""
+    import posenc.evaluation.evaluate as evaluate_module
+    from posenc.config.metrics import MODEL_METRICS, Metric
+
+    assert [m.name for m in MODEL_METRICS] == ["bertscore_f1", "comet"]
+    counting = Metric(
+        "counting", "Counting", 0.0, 1.0, scorer=f"{__name__}:CountingScorer", settings="comet"
+    )
+    monkeypatch.setattr(evaluate_module, "MODEL_METRICS", (*MODEL_METRICS, counting))
+    cfg = compose(*SMOKE, "pe=nonepe", "trainer.max_steps=2", "eval.comet.batch_size=3")
+    built = evaluate_module.model_scorers(cfg.eval, torch.device("cpu"))
+    assert [m.name for m, _ in built] == ["bertscore_f1", "comet", "counting"]
+    assert built[2][1].settings["batch_size"] == 3  # the settings group its entry names
+    run(compose(*SMOKE, "pe=nonepe", "trainer.max_steps=2", "eval.enabled=false"), tmp_path)
+    scores = evaluate_module.evaluate(cfg, tmp_path)["splits"]["test"]
+    assert scores["counting_batch"] == 3 and 0.0 <= scores["counting"] <= 1.0

@@ -1,7 +1,8 @@
 """The translation metrics, each declared once: what ``metrics.json`` holds of it, how the
 report spells and scales it, and how it is computed. Evaluation, validation, the reader of
 untrusted run files, TensorBoard's HParams and the report read this table; adding a metric that
-sacreBLEU computes is one entry here (docs/GUIDE.md, "Adding a metric")."""
+sacreBLEU computes is one entry here, one computed by a model (BERTScore, COMET) its entry, its
+scorer class and its ``eval`` settings group (docs/GUIDE.md, "Adding a metric")."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ class Metric:
         validation: also scored on ``trainer.valid_bleu``'s subset at every validation.
         keys: what else ``metrics.json`` holds for it, key -> kind (``text``, ``count``,
             ``number``, ``score``: a value in its range), each nullable.
+        scorer: ``module:Class`` of the scorer of a metric computed by a model, imported when
+            an evaluation starts: ``Class.of(settings, device)`` builds it from the ``eval``
+            group ``settings`` names (``eval.comet``), and ``scorer.score(sources, hypotheses,
+            references)`` gives its keys of ``metrics.json``; None for a sacreBLEU metric.
+        settings: the ``eval`` settings group its scorer reads.
     """
 
     name: str
@@ -38,6 +44,8 @@ class Metric:
     required: bool = False
     validation: bool = False
     keys: dict[str, str] = field(default_factory=dict)
+    scorer: str | None = None
+    settings: str | None = None
 
     @property
     def shown_label(self) -> str:
@@ -65,6 +73,8 @@ METRICS: tuple[Metric, ...] = (
             "bertscore_reason": "text",
             "bertscore_empty_hypotheses": "count",
         },
+        scorer="posenc.evaluation.metrics:BertScore",
+        settings="bertscore",
     ),
     Metric(
         "comet",
@@ -73,10 +83,14 @@ METRICS: tuple[Metric, ...] = (
         3.0,
         scale=100.0,
         keys={"comet_model": "text", "comet_reason": "text"},
+        scorer="posenc.evaluation.comet:Comet",
+        settings="comet",
     ),
 )
 #: the metrics sacreBLEU computes, by name
 SACREBLEU_METRICS = {m.name: m for m in METRICS if m.sacrebleu is not None}
+#: the metrics a model computes, in the report's order
+MODEL_METRICS = tuple(m for m in METRICS if m.scorer is not None)
 #: the names of the metrics scored at every validation (sacreBLEU's only: the others are slow)
 VALIDATION_METRICS = tuple(name for name, m in SACREBLEU_METRICS.items() if m.validation)
 

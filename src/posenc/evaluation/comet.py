@@ -13,9 +13,12 @@ score and the reason in ``metrics.json``, never a failed run.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("posenc.evaluation.comet")
 
@@ -55,6 +58,12 @@ class Comet:
         self._loaded: Any = None
         self._failure: str | None = None
 
+    @classmethod
+    def of(cls, settings: Mapping[str, Any], device: torch.device) -> Comet:
+        """The scorer of ``eval.comet`` (its ``model``, ``batch_size``), on ``device``'s GPU
+        when it is one."""
+        return cls(settings.get("model"), settings.get("batch_size"), int(device.type == "cuda"))
+
     def _load(self) -> Any:
         if self._loaded is not None or self._failure is not None:
             return self._loaded
@@ -72,6 +81,12 @@ class Comet:
             self._failure = f"COMET model {self.model!r} could not be loaded: {first_line}"
             log.warning(self._failure)
         return self._loaded
+
+    def score(
+        self, sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str]
+    ) -> dict[str, Any]:
+        """As calling it."""
+        return self(sources, hypotheses, references)
 
     def __call__(
         self, sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str]

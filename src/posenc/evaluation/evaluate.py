@@ -19,25 +19,26 @@ same evaluation reads the one already there.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from posenc.config.metrics import MODEL_METRICS, Metric
 from posenc.data.corpus import Corpus
 from posenc.data.splits import eval_splits, load_corpora
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.attention_maps import example_attention, plot_attention
-from posenc.evaluation.comet import Comet
 from posenc.evaluation.decode import DecodeSettings, decode_sources
-from posenc.evaluation.metrics import BertScore, corpus_scores, length_buckets
+from posenc.evaluation.metrics import corpus_scores, length_buckets
 from posenc.model.factory import load_run_model, variant_model
 from posenc.model.seq2seq import Seq2Seq
 from posenc.runtime.averaging import last_step_checkpoints
@@ -72,14 +73,35 @@ def scored_losses(
     return SentenceLosses([len(s) + 1 for s in sources], nll, counts)
 
 
+class ModelScorer(Protocol):
+    """A metric computed by a model (:attr:`Metric.scorer`), loaded once per evaluation."""
+
+    def score(
+        self, sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str]
+    ) -> dict[str, Any]:
+        """The metric's keys of one split's ``metrics.json``."""
+
+
+def model_scorers(eval_cfg: DictConfig, device: torch.device) -> list[tuple[Metric, ModelScorer]]:
+    """Each metric a model computes with its scorer, built from its ``eval`` settings group
+    (:data:`~posenc.config.metrics.MODEL_METRICS`; the scorer class imported here, so an
+    evaluation that scores none loads none)."""
+    found = []
+    for metric in MODEL_METRICS:
+        module, _, name = metric.scorer.partition(":")  # type: ignore[union-attr]
+        scorer_class = getattr(importlib.import_module(module), name)
+        settings = eval_cfg.get(metric.settings) or {}
+        found.append((metric, scorer_class.of(settings, device)))
+    return found
+
+
 def evaluate_split(
     model: Seq2Seq,
     tokenizer: Tokenizer,
     corpus: Corpus,
     eval_cfg: DictConfig,
     decoding: DecodeSettings,
-    bertscore: BertScore,
-    comet: Comet,
+    scorers: Sequence[tuple[Metric, ModelScorer]],
     device: torch.device,
     out_dir: Path,
     split: str,
@@ -102,10 +124,10 @@ def evaluate_split(
     generated = sum(len(row) + 1 for row in ids)
     with _timed(phases, "BLEU/chrF"):
         surface = corpus_scores(hypotheses, corpus.tgt)
-    with _timed(phases, "BERTScore"):
-        neural = bertscore(hypotheses, corpus.tgt).as_dict()
-    with _timed(phases, "COMET"):
-        neural |= comet(corpus.src, hypotheses, corpus.tgt)
+    neural: dict[str, Any] = {}
+    for metric, scorer in scorers:  # the metrics a model computes (config.metrics)
+        with _timed(phases, metric.label):
+            neural |= scorer.score(corpus.src, hypotheses, corpus.tgt)
     result: dict[str, Any] = {
         "sentences": len(hypotheses),
         **surface,
@@ -307,13 +329,7 @@ def _scored(
     for each test-time variant of ``eval.pe_variants``; their files written into ``out_dir``."""
     device = model_device(model)
     decoding = DecodeSettings.of(cfg)
-    bertscore = BertScore(
-        cfg.eval.bertscore.model, cfg.eval.bertscore.layer, cfg.eval.bertscore.batch_size
-    )
-    comet_cfg = cfg.eval.get("comet") or {}
-    comet = Comet(
-        comet_cfg.get("model"), comet_cfg.get("batch_size"), gpus=int(device.type == "cuda")
-    )
+    scorers = model_scorers(cfg.eval, device)
 
     def scores(scored_model: torch.nn.Module, suffix: str = "") -> dict[str, Any]:
         return {
@@ -323,8 +339,7 @@ def _scored(
                 corpora[split],
                 cfg.eval,
                 decoding,
-                bertscore,
-                comet,
+                scorers,
                 device,
                 out_dir,
                 split + suffix,

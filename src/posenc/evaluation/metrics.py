@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sacrebleu
 
 from posenc.config.metrics import SACREBLEU_METRICS
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("posenc.evaluation.metrics")
 
@@ -100,6 +103,17 @@ class BertScore:
             self._failure = f"BERTScore model {self.model!r} could not be loaded: {first_line}"
             log.warning(self._failure)
         return self._scorer
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any], device: torch.device) -> BertScore:
+        """The scorer of ``eval.bertscore`` (its ``model``, ``layer``, ``batch_size``)."""
+        return cls(settings.get("model"), settings.get("layer"), settings.get("batch_size", 64))
+
+    def score(
+        self, sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str]
+    ) -> dict[str, Any]:
+        """The ``bertscore_*`` keys of one split's ``metrics.json`` (the sources unused)."""
+        return self(hypotheses, references).as_dict()
 
     def __call__(self, hypotheses: Sequence[str], references: Sequence[str]) -> BertScoreResult:
         if not self.model or self.model in ("off", "none"):
