@@ -48,6 +48,7 @@ from posenc.analysis.report.runs import (
     load_run,
 )
 from posenc.config import reference_encoding
+from posenc.config.metrics import METRICS as METRIC_TABLE
 from posenc.runtime.figures import save_figure
 from posenc.runtime.rundir import RunDir, find_run_dirs
 from posenc.runtime.sentence_losses import read_losses
@@ -56,8 +57,8 @@ from posenc.runtime.sentence_losses import read_losses
 MAX_SYSTEMS = 10
 #: each depth's marker, in the order the sweeps are given
 MARKERS = ("o", "s", "D", "^", "v")
-#: how the metrics are spelled on the axes
-LABELS = {"bleu": "BLEU", "chrf": "chrF", "loss": "validation loss"}
+#: how the metrics are spelled on the axes (the metric table's labels)
+LABELS = {**{m.name: m.label for m in METRIC_TABLE}, "loss": "validation loss"}
 
 Systems = Mapping[str, Sequence[Entry]]
 """A split's systems: name -> entries (one per run)."""

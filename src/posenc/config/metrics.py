@@ -26,6 +26,8 @@ class Metric:
         required: every ``metrics.json`` holds it (a metric added later is optional, so the
             runs scored before it still read).
         validation: also scored on ``trainer.valid_bleu``'s subset at every validation.
+        judged: one of the metrics the decision rule judges together (a finding needs each of
+            them, pointing the same way: BLEU and chrF).
         keys: what else ``metrics.json`` holds for it, key -> kind (``text``, ``count``,
             ``number``, ``score``: a value in its range), each nullable.
         scorer: ``module:Class`` of the scorer of a metric computed by a model, imported when
@@ -43,6 +45,7 @@ class Metric:
     sacrebleu: tuple[str, dict[str, Any]] | None = None
     required: bool = False
     validation: bool = False
+    judged: bool = False
     keys: dict[str, str] = field(default_factory=dict)
     scorer: str | None = None
     settings: str | None = None
@@ -55,8 +58,26 @@ class Metric:
 
 #: every metric, in the order the report's tables show them
 METRICS: tuple[Metric, ...] = (
-    Metric("bleu", "BLEU", 0.0, 100.0, sacrebleu=("BLEU", {}), required=True, validation=True),
-    Metric("chrf", "chrF", 0.0, 100.0, sacrebleu=("CHRF", {}), required=True, validation=True),
+    Metric(
+        "bleu",
+        "BLEU",
+        0.0,
+        100.0,
+        sacrebleu=("BLEU", {}),
+        required=True,
+        validation=True,
+        judged=True,
+    ),
+    Metric(
+        "chrf",
+        "chrF",
+        0.0,
+        100.0,
+        sacrebleu=("CHRF", {}),
+        required=True,
+        validation=True,
+        judged=True,
+    ),
     Metric("chrf_pp", "chrF++", 0.0, 100.0, sacrebleu=("CHRF", {"word_order": 2})),
     Metric(
         "bertscore_f1",
@@ -89,6 +110,9 @@ METRICS: tuple[Metric, ...] = (
 )
 #: the metrics sacreBLEU computes, by name
 SACREBLEU_METRICS = {m.name: m for m in METRICS if m.sacrebleu is not None}
+#: the names of the metrics the decision rule judges together, BLEU first (its sign names the
+#: verdict)
+JUDGED_METRICS = tuple(m.name for m in METRICS if m.judged)
 #: the metrics a model computes, in the report's order
 MODEL_METRICS = tuple(m for m in METRICS if m.scorer is not None)
 #: the names of the metrics scored at every validation (sacreBLEU's only: the others are slow)

@@ -26,6 +26,8 @@ from posenc.analysis.report.stats import (
     limit_on_axis,
     system_order,
 )
+from posenc.config.metrics import JUDGED_METRICS
+from posenc.config.metrics import metric as declared
 
 #: the panels of a learning-curve figure: (curve key prefix, y label)
 CURVE_PANELS = (
@@ -202,7 +204,7 @@ def plot_intervals(
     sentences' noise (before the family's correction)."""
     metrics = [
         (m, label)
-        for m, label in (("bleu", "BLEU"), ("chrf", "chrF"))
+        for m, label in ((name, declared(name).label) for name in JUDGED_METRICS)
         if any(m in per for per in differences.values())
     ]
     names = list(differences)

@@ -31,8 +31,10 @@ from posenc.analysis.decision import (
 )
 from posenc.analysis.report.runs import Entry
 from posenc.analysis.report.stats import read_lines
+from posenc.config.metrics import JUDGED_METRICS
 
-METRICS = ("bleu", "chrf")
+#: the metrics the rule judges together (the metric table's ``judged``)
+METRICS = JUDGED_METRICS
 #: a system whose mean BLEU on a split is below this is not compared there: a BLEU of about 1
 #: is what a model that does not translate yet scores by chance n-gram matches
 NOISE_FLOOR_BLEU = 2.0

@@ -37,7 +37,8 @@ from posenc.analysis.report.stats import (
     seed_texts,
     system_order,
 )
-from posenc.config.metrics import SACREBLEU_METRICS
+from posenc.config.metrics import JUDGED_METRICS, SACREBLEU_METRICS
+from posenc.config.metrics import metric as metric_of
 
 #: what the ``seeds`` column of the score and significance tables means (both captions say it)
 SEEDS_COLUMN = "`seeds`: the training seeds of the runs a row is computed from"
@@ -253,12 +254,15 @@ def section_significance(
         [
             "system",
             "seeds",
-            "BLEU",
-            "Δ BLEU [95% CI]",
-            "p Holm",
-            "chrF",
-            "Δ chrF [95% CI]",
-            "p Holm",
+            *(
+                heading
+                for name in JUDGED_METRICS
+                for heading in (
+                    metric_of(name).label,
+                    f"Δ {metric_of(name).label} [95% CI]",
+                    "p Holm",
+                )
+            ),
             "looping",
             "seeds for 80% power",
             "verdict",
@@ -298,7 +302,7 @@ def _significance_cells(
     """One row of the significance table, its numbers also recorded in the report's CSV."""
     seeds = ", ".join(str(s) for s in sorted({e.run.seed for e in entries}))
     cells = [name, seeds or "—"]
-    for metric in ("bleu", "chrf"):
+    for metric in JUDGED_METRICS:
         mean = mean_std(e.scores.get(metric) for e in entries)
         score = None if mean is None else mean[0]
         w.record("significance", split, name, "", metric, score)
