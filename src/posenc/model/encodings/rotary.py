@@ -25,6 +25,7 @@ Where it applies: self-attention, keys rotated once at their own position before
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from posenc.model.encodings.rotation import (
     RotaryRule,
     RotaryStack,
     RotaryTables,
+    rope_frequencies,
     rotate_heads,
     rotation_table,
 )
@@ -85,6 +87,68 @@ def proportional_frequencies(inv_freq: Tensor, rope_proportion: float) -> Tensor
         )
     out = inv_freq.clone()
     out[kept:] = 0.0
+    return out
+
+
+#: the share of a head's pairs the clipped RoPE clips when ``clipped_pairs`` is null: its
+#: paper's 20 of Llama's 64
+CLIPPED_SHARE = 20 / 64
+SLOW_BANDS = ("hope", "soft_clip", "hard_clip")
+
+
+def slow_band_frequencies(
+    inv_freq: Tensor,
+    kind: str,
+    training_length: int,
+    clipped_pairs: int | None,
+    unscaled: Tensor | None = None,
+) -> Tensor:
+    """RoPE's slow bands changed, ``inv_freq (D/2,)`` highest first (a new tensor). Which
+    bands are slow is read from RoPE's own frequencies ``unscaled`` (default ``inv_freq``), so
+    a test-time scaling of ``inv_freq`` changes the same bands as training did:
+
+    * ``hope`` (HoPE, Chen et al. 2025, in the statement of Levy et al. 2026, "RoPE is dead,
+      long live RoPE"): a band whose wavelength exceeds the training length ``L``,
+      ``theta_j < 2 pi / L``, does not rotate (``theta_j = 0``); the faster ones are RoPE's;
+    * ``soft_clip`` (clipped RoPE, Li, Ren, Yuille and Wang 2026, arXiv 2602.05258, its code's
+      ``use_cope``): the lowest ``n = clipped_pairs`` frequencies multiplied by ``0.5 (1 + cos
+      t)``, ``t`` from 0 at the fastest of them to ``pi`` at the slowest, evenly spaced;
+    * ``hard_clip`` (the same paper's HardClip): those ``n`` set to 0.
+
+    ``clipped_pairs`` null: :data:`CLIPPED_SHARE` of the pairs, rounded.
+
+    Raises:
+        ValueError: an unknown kind, or a count that clips none or every pair (one line).
+    """
+    pairs = inv_freq.shape[-1]
+    out = inv_freq.clone()
+    if kind == "hope":
+        if training_length <= 0:
+            raise ValueError(
+                "rope: slow_bands=hope needs original_max_len > 0 (the training length L), "
+                f"got {training_length}"
+            )
+        own = inv_freq if unscaled is None else unscaled
+        out[own < 2 * math.pi / training_length] = 0.0
+        return out
+    if kind not in SLOW_BANDS:
+        raise ValueError(
+            f"rope: slow_bands={kind!r} is unknown; use one of {', '.join(SLOW_BANDS)} "
+            "(null: RoPE's)"
+        )
+    n = round(CLIPPED_SHARE * pairs) if clipped_pairs is None else clipped_pairs
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n < pairs:
+        raise ValueError(
+            f"rope: clipped_pairs={clipped_pairs} must clip from 1 to {pairs - 1} of the "
+            f"{pairs} pairs (null: {CLIPPED_SHARE:.3g} of them)"
+        )
+    if kind == "hard_clip":
+        out[pairs - n :] = 0.0
+    else:
+        t = torch.linspace(0.0, math.pi, n, dtype=torch.float64)
+        out[pairs - n :] = (inv_freq[pairs - n :].double() * 0.5 * (1.0 + torch.cos(t))).to(
+            out.dtype
+        )
     return out
 
 
@@ -221,6 +285,10 @@ class RotaryEncoding(RotaryStack):
             no axis) or ``rotated`` (:class:`CrossRotaryRule`, x-transformers' ``context_pos``).
         rotate_num_heads: rotate only the last this many heads of every layer, the others
             without positions (x-transformers' ``rotate_num_heads``); ``None``: every head.
+        slow_bands: ``hope``, ``soft_clip`` or ``hard_clip`` (:func:`slow_band_frequencies`,
+            from training on); ``None``: RoPE's frequencies.
+        clipped_pairs: how many of the lowest pairs the clips change (``None``: the paper's
+            share, :data:`CLIPPED_SHARE`).
         **scaling_parameters: the scalings' own parameters, read by :data:`SCALINGS`' entry
             of ``scaling`` (``low_freq_factor``/``high_freq_factor``: llama3's bands;
             ``mscale``/``mscale_all_dim``: YaRN's temperature; ``short_factor``/``long_factor``:
@@ -235,6 +303,7 @@ class RotaryEncoding(RotaryStack):
         {"rope_proportion": 0.75},
         {"cross_attention": "rotated"},
         {"rotate_num_heads": 1},
+        {"slow_bands": "hard_clip"},
     )
 
     def __init__(
@@ -251,6 +320,8 @@ class RotaryEncoding(RotaryStack):
         rope_proportion: float | None = None,
         cross_attention: str | None = None,
         rotate_num_heads: int | None = None,
+        slow_bands: str | None = None,
+        clipped_pairs: int | None = None,
         **scaling_parameters: Any,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
@@ -285,6 +356,16 @@ class RotaryEncoding(RotaryStack):
         inv_freq, self.attention_factor = entry.frequencies(self.settings)
         if rope_proportion is not None:
             inv_freq = proportional_frequencies(inv_freq, rope_proportion)
+        if slow_bands is not None:  # after p-RoPE's, when both are set
+            unscaled = rope_frequencies(dim, base)
+            inv_freq = slow_band_frequencies(
+                inv_freq, slow_bands, original_max_len, clipped_pairs, unscaled
+            )
+        elif clipped_pairs is not None:
+            raise ValueError(
+                "rope: clipped_pairs is the clipped RoPE's; set slow_bands=soft_clip or "
+                "hard_clip, or leave it null"
+            )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.dynamic = entry.at_lengths is not None
         self.cross_rotated = cross_attention == "rotated"
