@@ -19,10 +19,16 @@ OPTION_FORMS = [
 ]
 """The forms that configs choose between, as each encoding class declares them
 (:attr:`StackEncoding.option_forms`), run besides each config's own."""
+SINK_FORMS = [
+    (name, {"sinks": True})
+    for name in ("nonepe", "sinpe", "learned", "rope", "hope", "alibi", "t5", "kerple", "fire")
+]
+"""``pe.sinks`` on encodings of each kind whose attention is the default softmax (input-level,
+rotary, bias): the option any such encoding accepts (``tests/test_sinks.py``)."""
 
 every_form = pytest.mark.parametrize(
     ("name", "overrides"),
-    [(name, {}) for name in PE_NAMES] + OPTION_FORMS,
+    [(name, {}) for name in PE_NAMES] + OPTION_FORMS + SINK_FORMS,
     ids=lambda value: value if isinstance(value, str) else "-".join(map(str, value.values())),
 )
 

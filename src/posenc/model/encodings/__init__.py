@@ -24,6 +24,7 @@ from posenc.model.encodings.base import (
     StackEncoding,
 )
 from posenc.model.positions import PositionAugmentation
+from posenc.model.sinks import Sinks
 from posenc.model.temperature import Temperature
 
 __all__ = [
@@ -50,6 +51,7 @@ SHARED_SETTINGS = (
     "temperature_layers",
     "temperature_scale",
     "temperature_floor_scale",
+    "sinks",
 )
 
 
@@ -75,8 +77,8 @@ def encoding_factory(pe_cfg: Mapping[str, Any]) -> Callable[..., StackEncoding]:
     The settings every encoding accepts (:data:`SHARED_SETTINGS`) are taken out of the class's
     arguments: ``off_layers`` (layers whose attention is plain, :meth:`StackEncoding.switch_off`),
     ``augment``/``augment_range`` (training positions, :mod:`posenc.model.positions`) and
-    ``temperature*`` (the queries' temperature, :mod:`posenc.model.temperature`); null or
-    absent: off.
+    ``temperature*`` (the queries' temperature, :mod:`posenc.model.temperature`) and ``sinks``
+    (learned attention sinks, :mod:`posenc.model.sinks`); null or absent: off.
     """
     params = dict(pe_cfg)
     name = params.pop("name", "?")
@@ -98,10 +100,11 @@ def encoding_factory(pe_cfg: Mapping[str, Any]) -> Callable[..., StackEncoding]:
     temperature = Temperature.of(
         *(shared[f"temperature{suffix}"] for suffix in ("", "_layers", "_scale", "_floor_scale"))
     )
-    if off_layers is None and augmentation is None and temperature is None:
+    sinks = Sinks.of(shared["sinks"], name)
+    if off_layers is None and augmentation is None and temperature is None and sinks is None:
         return build
     return functools.partial(
-        _with_shared_settings, build, off_layers, augmentation, temperature, name
+        _with_shared_settings, build, off_layers, augmentation, temperature, sinks, name
     )
 
 
@@ -110,6 +113,7 @@ def _with_shared_settings(
     off_layers: list[int] | None,
     augmentation: PositionAugmentation | None,
     temperature: Temperature | None,
+    sinks: Sinks | None,
     name: str,
     *args: Any,
     **kwargs: Any,
@@ -121,4 +125,5 @@ def _with_shared_settings(
         encoding.switch_off(list(off_layers), name)
     encoding.augment(augmentation, name)
     encoding.temper(temperature)
+    encoding.add_sinks(sinks)
     return encoding

@@ -31,6 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 if TYPE_CHECKING:
     from posenc.model.positions import PositionAugmentation
+    from posenc.model.sinks import Sinks
     from posenc.model.temperature import Temperature
 
 
@@ -356,9 +357,16 @@ class StackEncoding(EncodingModule):
         there (``pe.off_layers``, e.g. RoPE/NoPE interleaving); see :meth:`switch_off`."""
         self.augmentation: PositionAugmentation | None = None
         """Training-time positions (``pe.augment``); see :meth:`augment`."""
+        self.sinks: Sinks | None = None
+        """Learned attention sinks in every attention (``pe.sinks``), or None."""
         self.temperature: Temperature | None = None
         """The queries' temperature of some self-attention layers (``pe.temperature``); see
         :meth:`temper`."""
+
+    def add_sinks(self, sinks: Sinks | None) -> None:
+        """Give every attention of this stack learned sinks (``pe.sinks``,
+        :mod:`posenc.model.sinks`; None: none); call before the stack builds its layers."""
+        self.sinks = sinks
 
     def temper(self, temperature: Temperature | None) -> None:
         """Scale the self-attention queries of the layers ``temperature`` applies to (None:
@@ -427,11 +435,14 @@ class StackEncoding(EncodingModule):
 
     def layer_rule(self, layer: int, cross: bool = False) -> AttentionRule:
         """The rule layer ``layer`` attends with: :meth:`self_rule` (or :meth:`cross_rule`),
-        plain attention on the layers of :attr:`off_layers`, self-attention with its queries
-        scaled where :attr:`temperature` applies."""
+        plain attention on the layers of :attr:`off_layers`, with learned sinks (:attr:`sinks`),
+        self-attention with its queries scaled where :attr:`temperature` applies."""
         if cross:
-            return AttentionRule() if layer in self.off_layers else self.cross_rule(layer)
+            rule = AttentionRule() if layer in self.off_layers else self.cross_rule(layer)
+            return rule if self.sinks is None else self.sinks.wrap(rule, self.n_heads)
         rule = AttentionRule() if layer in self.off_layers else self.self_rule(layer)
+        if self.sinks is not None:  # inside the temperature, which scales its queries
+            rule = self.sinks.wrap(rule, self.n_heads)
         if self.temperature is not None and self.temperature.applies(layer, self.off_layers):
             return self.temperature.wrap(rule, self.n_heads)
         return rule
