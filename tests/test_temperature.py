@@ -107,7 +107,7 @@ def test_it_applies_to_the_off_layers_when_set_else_every_layer_and_never_to_cro
         ("nonepe", {"temperature": "ssmax"}),
         ("nonepe", {"temperature": "llama4", "temperature_floor_scale": 3}),
         ("rope", {"off_layers": [1], "temperature": "llama4", "temperature_floor_scale": 2}),
-        ("alibi", {"temperature": "ssmax"}),
+        ("alibi", {"off_layers": [1], "temperature": "ssmax"}),  # on its layer without bias
     ],
 )
 def test_cached_decoding_padding_and_float64_hold_with_a_temperature(name, overrides):
@@ -164,7 +164,7 @@ for _name in rule_hooks():
 @pytest.mark.parametrize(
     "wrap",
     [
-        lambda inner: TemperedRule(inner, Temperature("ssmax", None, 0.5, None), n_heads=2),
+        lambda inner: TemperedRule(inner, Temperature("llama4", None, 0.1, 8.0), n_heads=2),
         lambda inner: DapeRule(inner, n_heads=2, hidden=4),
     ],
     ids=["temperature", "dape"],
@@ -187,3 +187,13 @@ def test_a_wrapper_rule_forwards_every_hook_it_does_not_override(wrap):
     for name in forwarded:
         assert getattr(wrapper, name)(*range(5)) == name
     assert inner.reached == forwarded
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple"])
+def test_scalable_softmax_is_refused_where_a_bias_would_stay_unscaled(name):
+    """SSMax scales the whole softmax input, z -> s log(n) z (Nakanishi 2025); posenc scales the
+    queries, which would leave a bias unscaled: the combination is refused, and allowed on the
+    layers without a bias."""
+    with pytest.raises(ValueError, match="pe.temperature=ssmax with a position bias"):
+        tiny_model(name, temperature="ssmax")
+    tiny_model(name, temperature="ssmax", off_layers=[1])

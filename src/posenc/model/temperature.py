@@ -124,6 +124,15 @@ class Temperature:
         return TemperedRule(rule, self, n_heads)
 
 
+def adds_bias(rule: AttentionRule) -> bool:
+    """Whether ``rule`` adds a position bias to the logits (a wrapper that forwards its bias
+    asks its inner rule)."""
+    bias = type(rule).bias
+    if bias is WrapperRule.bias:
+        return adds_bias(rule.inner)  # type: ignore[attr-defined]
+    return bias is not AttentionRule.bias
+
+
 class TemperedRule(WrapperRule):
     """An attention rule whose queries are scaled by :class:`Temperature` before ``inner``
     attends with them (every other hook is ``inner``'s, :class:`WrapperRule`).
@@ -133,6 +142,13 @@ class TemperedRule(WrapperRule):
     """
 
     def __init__(self, inner: AttentionRule, temperature: Temperature, n_heads: int) -> None:
+        if temperature.kind == "ssmax" and adds_bias(inner):
+            raise ValueError(
+                "pe.temperature=ssmax with a position bias: Scalable-Softmax scales the whole "
+                "softmax input (Nakanishi 2025), posenc the queries only, which would leave the "
+                "bias unscaled; use it with an encoding without a bias, or only on layers without "
+                "one (pe.off_layers, pe.temperature_layers)"
+            )
         super().__init__(inner)
         self.temperature = temperature
         self.s = (
