@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from posenc.config import Setting
+from posenc.config.roles import Role, keys_with
 from posenc.data.streams import MAX_LINE_CHARS
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.decode import DecodeSettings, decode_nbest, decode_sources
@@ -64,15 +65,7 @@ COMMAND = Command(
     "eval.beam_size=5 nbest=3",
     values={"nbest": Setting("int", low=1)},
     repeatable=("run_dir",),
-    ignores=(  # what scores and selects test splits: translate reads its input
-        "eval.enabled",
-        "eval.splits",
-        "eval.max_sentences",
-        "eval.length_buckets",
-        "eval.bertscore",
-        "eval.comet",
-        "eval.pe_variants",
-    ),
+    ignores=tuple(sorted(keys_with(Role.SCORING))),  # translate reads its own input
 )
 
 #: what :meth:`str.splitlines` reads as the end of a line: a translation (byte-level BPE may

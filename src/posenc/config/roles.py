@@ -33,9 +33,12 @@ class Role(Flag):
     #: changes how an evaluation runs, never what it reports: left out of its identity and of a
     #: standalone evaluation's folder name
     EVAL_CONTROL = auto()
+    #: scores or selects the test splits: translating a text, which reads its own input, has no
+    #: use for it (``posenc.translate`` leaves it out of its help)
+    SCORING = auto()
 
 
-R, B, F, M, U, N, E = (
+R, B, F, M, U, N, E, S = (
     Role.RUN_CONTROL,
     Role.BUDGET,
     Role.FILE,
@@ -43,6 +46,7 @@ R, B, F, M, U, N, E = (
     Role.UNREPORTED,
     Role.NAMELESS,
     Role.EVAL_CONTROL,
+    Role.SCORING,
 )
 
 #: every setting that is more than a hyper-parameter, with its roles
@@ -67,13 +71,16 @@ ROLES: dict[str, Role] = {
     "trainer.compile": R,
     "trainer.nan_policy": R,
     "trainer.nan_skip_limit": R,
-    "eval.splits": R | N,
-    "eval.enabled": E,
-    "eval.bertscore.model": N,
-    "eval.bertscore.batch_size": E,
-    "eval.comet.model": N,
-    "eval.comet.batch_size": E,
-    "eval.max_sentences": N,
+    "eval.splits": R | N | S,
+    "eval.enabled": E | S,
+    "eval.bertscore.model": N | S,
+    "eval.bertscore.layer": S,
+    "eval.bertscore.batch_size": E | S,
+    "eval.comet.model": N | S,
+    "eval.comet.batch_size": E | S,
+    "eval.max_sentences": N | S,
+    "eval.length_buckets": S,
+    "eval.pe_variants": S,
     "logger.csv": R | N,
     "logger.mlflow": R | N,
     "logger.mlflow_uri": R | U | N,
