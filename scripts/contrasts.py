@@ -22,7 +22,7 @@ from posenc.analysis.report.contrasts import (
     decoding_markdown,
     sweep_contrasts,
 )
-from posenc.analysis.report.runs import ReportError
+from posenc.analysis.report.runs import ReportError, seed_selection, seeds_note
 
 
 def main() -> None:
@@ -39,7 +39,12 @@ def main() -> None:
     parser.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples")
     parser.add_argument("--eval", help="score each run's standalone evaluation RUN/evals/NAME")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
+    parser.add_argument(
+        "--seeds", type=seed_selection, help="only the runs of these seeds (1-4, 0,2)"
+    )
     args = parser.parse_args()
+    if args.decoding and args.seeds:
+        parser.error("--seeds selects the runs of --pair comparisons, not of --decoding")
     if args.decoding and args.eval:
         parser.error("--decoding compares a standalone evaluation with the runs' own: no --eval")
     sweep, splits = args.sweep.expanduser().resolve(), args.splits.split(",")
@@ -49,8 +54,9 @@ def main() -> None:
             lines = decoding_markdown(comparison, args.bootstrap)
         else:
             pairs = [tuple(pair) for pair in args.pair]
-            rows = sweep_contrasts(sweep, pairs, splits, args.bootstrap, args.eval)
+            rows = sweep_contrasts(sweep, pairs, splits, args.bootstrap, args.eval, args.seeds)
             lines = contrasts_markdown(rows, args.bootstrap)
+            lines += ["", seeds_note(args.seeds)] if args.seeds else []
     except ReportError as err:
         sys.exit(f"contrasts: {err}")
     text = "\n".join(lines) + "\n"

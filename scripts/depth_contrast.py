@@ -22,7 +22,7 @@ from pathlib import Path
 from posenc.analysis.depth_contrast import depth_contrasts, depth_losses, depth_table
 from posenc.analysis.headline import add_comparison_arguments, read_sweep
 from posenc.analysis.plan import plan_of, provenance
-from posenc.analysis.report.runs import ReportError
+from posenc.analysis.report.runs import ReportError, seeds_note
 from posenc.config.variants import split_labels
 from posenc.runtime.files import write_text
 
@@ -60,8 +60,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         try:
             for step in at:
-                low = read_sweep(shallow_dir, splits, Path(scratch) / "1", step)
-                high = read_sweep(deep_dir, splits, Path(scratch) / "2", step)
+                low = read_sweep(shallow_dir, splits, Path(scratch) / "1", step, args.seeds)
+                high = read_sweep(deep_dir, splits, Path(scratch) / "2", step, args.seeds)
                 low_losses[step], high_losses[step] = low.losses, high.losses
             cells = depth_contrasts(
                 low.entries, high.entries, systems, args.baseline, args.bootstrap, margins
@@ -78,6 +78,7 @@ def main() -> int:
         "",
         provenance(plan, args.family),
         "",
+        *([seeds_note(args.seeds), ""] if args.seeds else []),
         *depth_table(cells, losses, shallow, deep),
         "",
     ]

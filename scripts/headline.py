@@ -29,7 +29,7 @@ from posenc.analysis.headline import (
     read_sweep,
 )
 from posenc.analysis.plan import plan_of, provenance
-from posenc.analysis.report.runs import ReportError
+from posenc.analysis.report.runs import ReportError, seeds_note
 from posenc.config.variants import split_labels
 from posenc.runtime.files import write_text
 
@@ -52,7 +52,7 @@ def main() -> int:
         try:
             for item in args.sweep:
                 label, _, folder = item.partition("=")
-                reading = read_sweep(Path(folder), splits, Path(scratch) / label)
+                reading = read_sweep(Path(folder), splits, Path(scratch) / label, seeds=args.seeds)
                 sweeps[label], losses[label] = reading.entries, reading.losses
                 sentences[label] = reading.sentences
             margins = plan.margins if plan else None
@@ -66,6 +66,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     title = "# Headline: each system against " + args.baseline
     lines = [title, "", provenance(plan, args.family), ""]
+    lines += [seeds_note(args.seeds), ""] if args.seeds else []
     for metric in ("bleu", "chrf"):
         name = f"headline_{metric}.png"
         plot_headline(cells, metric, args.baseline, args.out / name)

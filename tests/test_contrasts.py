@@ -6,6 +6,7 @@ runs (beam 5) against their own (greedy) by the same rules."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from posenc.analysis.report.contrasts import (
     decoding_markdown,
     judge,
     ranking_agreement,
+    sweep_contrasts,
 )
 from posenc.analysis.report.findings import (
     ONE_SEED,
@@ -34,7 +36,7 @@ from posenc.analysis.report.findings import (
     StatisticsCache,
     verdict,
 )
-from posenc.analysis.report.runs import Entry
+from posenc.analysis.report.runs import Entry, ReportError, seed_selection, seeds_note
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
 
@@ -208,3 +210,20 @@ def test_a_decoding_no_run_has_is_refused_in_one_line(beam_sweep):
     assert result.stderr.strip().splitlines() == [
         f"contrasts: no run of {beam_sweep} has the evaluation 'eval.beam_size=7,step=*'"
     ]
+
+
+def test_a_family_can_be_judged_on_some_seeds_for_every_system_alike(beam_sweep):
+    """``--seeds``: seeds trained at another commit left out of every system at once."""
+    both = sweep_contrasts(beam_sweep, [("rope", "nonepe")], ["test"], 20)
+    only = sweep_contrasts(
+        beam_sweep, [("rope", "nonepe")], ["test"], 20, seeds=seed_selection("1")
+    )
+    assert both[0].judgement.comparisons["bleu"].seeds == (2, 1)
+    assert only[0].judgement is None  # nonepe has no seed 1: nothing to compare
+    with pytest.raises(ReportError, match=r"no run of seeds \[7\]"):
+        sweep_contrasts(beam_sweep, [("rope", "nonepe")], ["test"], 20, seeds=seed_selection("7"))
+    assert seed_selection("1-3,5") == {1, 2, 3, 5} and seeds_note(frozenset({2, 1})) == (
+        "Runs of seeds 1, 2 only, for every system alike."
+    )
+    with pytest.raises(argparse.ArgumentTypeError, match="names no training seeds"):
+        seed_selection("one")

@@ -46,6 +46,7 @@ from posenc.analysis.report.runs import (
     Run,
     group_runs,
     load_run,
+    seed_selection,
 )
 from posenc.config import reference_encoding
 from posenc.config.metrics import METRICS as METRIC_TABLE
@@ -108,14 +109,17 @@ class LossCell:
 
 def add_comparison_arguments(parser: argparse.ArgumentParser, splits: str, out: str) -> None:
     """The arguments of a command that sets systems against a baseline: ``--systems``,
-    ``--baseline``, ``--splits`` (default ``splits``), ``--bootstrap``, ``--out`` (``out``: what
-    it holds) and a plan's ``--plan``/``--family``."""
+    ``--baseline``, ``--splits`` (default ``splits``), ``--bootstrap``, ``--seeds``, ``--out``
+    (``out``: what it holds) and a plan's ``--plan``/``--family``."""
     parser.add_argument("--systems", required=True, help="comma-separated, as reports name them")
     parser.add_argument(
         "--baseline", default=reference_encoding(), help="default: the reference encoding"
     )
     parser.add_argument("--splits", default=splits)
     parser.add_argument("--bootstrap", type=int, default=1000, help="resampled test sets")
+    parser.add_argument(
+        "--seeds", type=seed_selection, help="only the runs of these seeds (1-4, 0,2)"
+    )
     parser.add_argument("--out", type=Path, required=True, help=f"folder for {out}")
     add_plan_arguments(parser)
 
@@ -129,19 +133,25 @@ class SweepReading(NamedTuple):
 
 
 def read_sweep(
-    folder: Path, splits: Sequence[str], scratch: Path, step: int | None = None
+    folder: Path,
+    splits: Sequence[str],
+    scratch: Path,
+    step: int | None = None,
+    seeds: frozenset[int] | None = None,
 ) -> SweepReading:
     """A sweep's entries by split (``NAME-clean`` splits scored into ``scratch``), its
     validation losses by system and seed (the best, or with ``step`` the one its curve logged at
     that step: a run that did not log it is left out) and, for the best, the sentence losses
-    the runs kept (``valid_losses.tsv``; runs trained before they were kept have none).
+    the runs kept (``valid_losses.tsv``; runs trained before they were kept have none); with
+    ``seeds``, of the runs of those training seeds alone.
 
     Raises:
         ReportError: the folder holds no run.
     """
     runs = [load_run(run, folder) for run in find_run_dirs(folder, folder / "report")]
+    runs = [run for run in runs if seeds is None or run.seed in seeds]
     if not runs:
-        raise ReportError(f"no run under {folder}")
+        raise ReportError(f"no run under {folder}" + (" of those seeds" if seeds else ""))
     groups = group_runs(runs)
     losses = {g.label: dict(validation_losses(g.runs, step)) for g in groups}
     sentences = {g.label: dict(kept_sentences(g.runs)) for g in groups} if step is None else {}

@@ -104,15 +104,20 @@ def sweep_contrasts(
     splits: Sequence[str],
     samples: int,
     evaluation: str | None = None,
+    seeds: frozenset[int] | None = None,
 ) -> list[Contrast]:
     """Every pair on every split of the sweep in ``sweep`` (systems named as the report labels
     them: ``rope``, ``rope (pe.cross_attention=rotated)``; a split ``NAME-clean`` is a held-out
-    set's clean part, :mod:`.clean`), judged together.
+    set's clean part, :mod:`.clean`), judged together; with ``seeds``, on the runs of those
+    training seeds alone.
 
     Raises:
         ReportError: no run under ``sweep``, or ``samples`` is not positive.
     """
-    groups = group_runs(_sweep_runs(sweep, samples, evaluation))
+    runs = [r for r in _sweep_runs(sweep, samples, evaluation) if not seeds or r.seed in seeds]
+    if not runs:
+        raise ReportError(f"no run of seeds {sorted(seeds or ())} under {sweep}")
+    groups = group_runs(runs)
     rows, cache = [], StatisticsCache()
     with tempfile.TemporaryDirectory() as scratch:  # the clean splits' files, while read
         for split, systems in entries_by_split(groups, splits, Path(scratch)).items():

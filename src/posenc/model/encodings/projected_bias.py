@@ -1,8 +1,9 @@
 """A relative bias projected from the query's content (``pe=projected_bias``).
 
 x-transformers 2.26.4's ``use_rel_proj_pos_bias`` (``RelativeProjPositionalBias``; its author's
-N-dimensional form in vit-pytorch): each layer keeps a bank of ``R`` learned distance curves ``B (R, distances)`` and a
-linear map from the query token's input to ``R`` weights per head, and adds to the logits
+N-dimensional form in vit-pytorch): each layer keeps a bank of ``R`` learned distance curves
+``B (R, distances)`` and a linear map from the query token's input to ``R`` weights per head,
+and adds to the logits
 
     b[h, i, j] = sum_r w[h, r](x_i) * B[r, i - j],   |i - j| < max_dist (0 beyond).
 
