@@ -22,7 +22,8 @@ from posenc.analysis.report.contrasts import (
     decoding_markdown,
     sweep_contrasts,
 )
-from posenc.analysis.report.runs import ReportError, seed_selection, seeds_note
+from posenc.analysis.report.runs import ReportError
+from posenc.analysis.report.seeds import seed_selection, seeds_note
 
 
 def main() -> None:

@@ -22,7 +22,8 @@ from pathlib import Path
 from posenc.analysis.depth_contrast import depth_contrasts, depth_losses, depth_table
 from posenc.analysis.headline import add_comparison_arguments, read_sweep
 from posenc.analysis.plan import plan_of, provenance
-from posenc.analysis.report.runs import ReportError, seeds_note
+from posenc.analysis.report.runs import ReportError
+from posenc.analysis.report.seeds import seeds_note
 from posenc.config.variants import split_labels
 from posenc.runtime.files import write_text
 

@@ -29,7 +29,8 @@ from posenc.analysis.headline import (
     read_sweep,
 )
 from posenc.analysis.plan import plan_of, provenance
-from posenc.analysis.report.runs import ReportError, seeds_note
+from posenc.analysis.report.runs import ReportError
+from posenc.analysis.report.seeds import seeds_note
 from posenc.config.variants import split_labels
 from posenc.runtime.files import write_text
 

@@ -36,7 +36,8 @@ from posenc.analysis.report.findings import (
     StatisticsCache,
     verdict,
 )
-from posenc.analysis.report.runs import Entry, ReportError, seed_selection, seeds_note
+from posenc.analysis.report.runs import Entry, ReportError
+from posenc.analysis.report.seeds import seed_selection, seeds_note
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
 

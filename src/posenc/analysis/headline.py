@@ -46,8 +46,8 @@ from posenc.analysis.report.runs import (
     Run,
     group_runs,
     load_run,
-    seed_selection,
 )
+from posenc.analysis.report.seeds import seed_selection
 from posenc.config import reference_encoding
 from posenc.config.metrics import METRICS as METRIC_TABLE
 from posenc.runtime.figures import save_figure
