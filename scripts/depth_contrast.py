@@ -57,22 +57,24 @@ def main() -> int:
         for label, _, folder in (item.partition("=") for item in (args.shallow, args.deep))
     )
     at = list(args.steps) or [None]
-    low_losses, high_losses = {}, {}
     with tempfile.TemporaryDirectory() as scratch:
         try:
-            for step in at:
-                low = read_sweep(shallow_dir, splits, Path(scratch) / "1", step, args.seeds)
-                high = read_sweep(deep_dir, splits, Path(scratch) / "2", step, args.seeds)
-                low_losses[step], high_losses[step] = low.losses, high.losses
+            low = read_sweep(shallow_dir, splits, Path(scratch) / "1", args.seeds)
+            high = read_sweep(deep_dir, splits, Path(scratch) / "2", args.seeds)
             cells = depth_contrasts(
                 low.entries, high.entries, systems, args.baseline, args.bootstrap, margins
             )
         except ReportError as err:
             sys.exit(f"depth_contrast: {err}")
     margin = margins.get("valid_loss") if margins else None
-    kept = (low.sentences, high.sentences)
     losses = depth_losses(
-        low_losses, high_losses, systems, args.baseline, margin, kept, args.bootstrap
+        {step: low.losses(step) for step in at},
+        {step: high.losses(step) for step in at},
+        systems,
+        args.baseline,
+        margin,
+        (low.sentences(), high.sentences()),
+        args.bootstrap,
     )
     lines = [
         f"# What depth does: each system's gap to {args.baseline}, {deep} against {shallow}",

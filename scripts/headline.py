@@ -53,9 +53,9 @@ def main() -> int:
         try:
             for item in args.sweep:
                 label, _, folder = item.partition("=")
-                reading = read_sweep(Path(folder), splits, Path(scratch) / label, seeds=args.seeds)
-                sweeps[label], losses[label] = reading.entries, reading.losses
-                sentences[label] = reading.sentences
+                reading = read_sweep(Path(folder), splits, Path(scratch) / label, args.seeds)
+                sweeps[label], losses[label] = reading.entries, reading.losses()
+                sentences[label] = reading.sentences()
             margins = plan.margins if plan else None
             cells = headline(sweeps, systems, args.baseline, args.bootstrap, margins)
         except ReportError as err:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from posenc.model.encodings.base import AttentionCall
-from posenc.model.encodings.projected_bias import ProjectedBiasRule
+from posenc.model.encodings.projected_bias import ProjectedBiasRule, bank_columns
 
 
 def reference_bias(rule: ProjectedBiasRule, x, causal: bool) -> torch.Tensor:
@@ -42,7 +42,8 @@ def test_the_bias_is_the_projected_weights_times_the_bank_at_each_distance(causa
     x = torch.randn(2, 6, 8, dtype=torch.float64)
     q, k, v = (torch.randn(2, 2, 6, 4, dtype=torch.float64) for _ in range(3))
     positions = torch.arange(6)
-    call = AttentionCall(q_pos=positions, k_pos=positions, causal=causal)
+    columns = bank_columns(positions, positions, 4, causal)
+    call = AttentionCall(q_pos=positions, k_pos=positions, causal=causal, context=columns)
     q2, k2, _ = rule.prepare(q, k, x, positions)
     with torch.no_grad():
         bias = rule.bias(q2, k2, None, call)
@@ -68,6 +69,12 @@ def test_a_cached_call_reads_the_new_queries_own_weights():
     last_q, last_k, _ = rule.prepare(q[:, :, 4:], k[:, :, 4:], x[:, 4:], positions[4:])
     keys = torch.cat([full_k[:, :, :4], last_k], dim=2)
     with torch.no_grad():
-        full = rule.bias(full_q, full_k, None, AttentionCall(positions, positions, True))
-        one = rule.bias(last_q, keys, None, AttentionCall(positions[4:], positions, True))
+        full_call = AttentionCall(
+            positions, positions, True, context=bank_columns(positions, positions, 8, True)
+        )
+        one_call = AttentionCall(
+            positions[4:], positions, True, context=bank_columns(positions[4:], positions, 8, True)
+        )
+        full = rule.bias(full_q, full_k, None, full_call)
+        one = rule.bias(last_q, keys, None, one_call)
     torch.testing.assert_close(one[:, :, 0], full[:, :, 4])

@@ -57,21 +57,19 @@ def test_the_clips_scale_or_zero_the_lowest_frequencies(head_dim, n, soft):
 
 
 def test_a_stopped_band_carries_no_position():
-    """What makes HoPE HoPE: on a band that does not rotate, q . k is the same at every
-    distance, so those dims see content alone; the rotating bands still see distance."""
+    """What makes HoPE HoPE: through the encoding's own rotation, a band that does not rotate
+    gives q . k the same value at every distance (content alone); the 11 rotating bands still
+    see distance."""
     rope = encoding(64, slow_bands="hope", original_max_len=128)
-    stopped = rope.inv_freq == 0
     positions = torch.arange(40)
-    table = torch.polar(torch.ones(40, 32), positions[:, None] * rope.inv_freq)
-    q = torch.randn(32, dtype=torch.complex64)
-    k = torch.randn(32, dtype=torch.complex64)
+    table = rope.context(positions, positions).q  # (40, 32) complex, the encoding's own
+    stopped = rope.inv_freq == 0
+    assert int(stopped.sum()) == 21
+    q, k = (torch.randn(32, dtype=torch.complex64) for _ in range(2))
     scores = ((q * table[:, None]) * (k * table[None, :]).conj()).real  # (40, 40, 32)
-    assert torch.allclose(
-        scores[..., stopped], scores[0, 0, stopped].expand_as(scores[..., stopped])
-    )
-    assert not torch.allclose(
-        scores[..., ~stopped], scores[0, 0, ~stopped].expand_as(scores[..., ~stopped])
-    )
+    constant = scores[0, 0].expand_as(scores)
+    assert torch.allclose(scores[..., stopped], constant[..., stopped])
+    assert not torch.allclose(scores[..., ~stopped], constant[..., ~stopped])
 
 
 @pytest.mark.parametrize(

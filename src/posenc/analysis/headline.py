@@ -15,7 +15,6 @@ import argparse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -42,6 +41,7 @@ from posenc.analysis.report.findings import (
 from posenc.analysis.report.render import new_figure
 from posenc.analysis.report.runs import (
     Entry,
+    Group,
     ReportError,
     Run,
     group_runs,
@@ -124,26 +124,32 @@ def add_comparison_arguments(parser: argparse.ArgumentParser, splits: str, out: 
     add_plan_arguments(parser)
 
 
-class SweepReading(NamedTuple):
-    """What :func:`read_sweep` reads of a sweep."""
+@dataclass
+class SweepReading:
+    """What :func:`read_sweep` reads of a sweep: its entries by split and its runs' groups."""
 
     entries: dict[str, Systems]  #: split -> systems
-    losses: Losses  #: system -> {seed: validation loss}
-    sentences: dict[str, Sentences]  #: system -> {seed: sentence losses of the best loss}
+    groups: list[Group]
+
+    def losses(self, step: int | None = None) -> Losses:
+        """``system -> {seed: validation loss}``: the best, or the one each run's curve logged
+        at ``step`` (a run that did not log it is left out)."""
+        return {g.label: dict(validation_losses(g.runs, step)) for g in self.groups}
+
+    def sentences(self) -> dict[str, Sentences]:
+        """``system -> {seed: statistics}`` of the sentence losses the runs kept at their best
+        validation loss (``valid_losses.tsv``; runs trained before they were kept have none)."""
+        return {g.label: dict(kept_sentences(g.runs)) for g in self.groups}
 
 
 def read_sweep(
     folder: Path,
     splits: Sequence[str],
     scratch: Path,
-    step: int | None = None,
     seeds: frozenset[int] | None = None,
 ) -> SweepReading:
-    """A sweep's entries by split (``NAME-clean`` splits scored into ``scratch``), its
-    validation losses by system and seed (the best, or with ``step`` the one its curve logged at
-    that step: a run that did not log it is left out) and, for the best, the sentence losses
-    the runs kept (``valid_losses.tsv``; runs trained before they were kept have none); with
-    ``seeds``, of the runs of those training seeds alone.
+    """A sweep's runs (with ``seeds``, the runs of those training seeds alone) and its entries
+    by split (``NAME-clean`` splits scored into ``scratch``).
 
     Raises:
         ReportError: the folder holds no run.
@@ -153,10 +159,7 @@ def read_sweep(
     if not runs:
         raise ReportError(f"no run under {folder}" + (" of those seeds" if seeds else ""))
     groups = group_runs(runs)
-    losses = {g.label: dict(validation_losses(g.runs, step)) for g in groups}
-    sentences = {g.label: dict(kept_sentences(g.runs)) for g in groups} if step is None else {}
-    entries = entries_by_split(groups, splits, scratch)
-    return SweepReading(entries, losses, sentences)
+    return SweepReading(entries_by_split(groups, splits, scratch), groups)
 
 
 def kept_sentences(runs: Sequence[Run]) -> Iterator[tuple[int, np.ndarray]]:
@@ -227,7 +230,7 @@ def loss_headline(
         kept = (sentences or {}).get(depth, {})
         family = []
         for system in systems:
-            comparison = None
+            comparison, noise = None, None
             if found.get(system) and found.get(baseline):
                 sides = [
                     (sign, list(found[n]), kept.get(n))
@@ -237,9 +240,7 @@ def loss_headline(
                 comparison = compare_scores(
                     found[system], found[baseline], sentence_se=noise or 0.0
                 )
-                family.append(LossCell(depth, system, comparison, noise is not None))
-                continue
-            family.append(LossCell(depth, system, comparison))
+            family.append(LossCell(depth, system, comparison, noise is not None))
         judge_single_scores(family, margin)
         cells += family
     return cells

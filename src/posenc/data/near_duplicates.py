@@ -13,7 +13,7 @@ exact rule, since sharing a key alone can also mean two edits (``a b`` and ``b a
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 Words = tuple[str, ...]
 
@@ -62,13 +62,3 @@ class NearIndex:
                 if i not in found and within_one_word(mine, self.sentences[i]):
                     found.add(i)
         return found
-
-
-def near_flags(held_out: Sequence[str], stream: Iterable[str]) -> list[bool]:
-    """For each of ``held_out``, in order, whether a sentence of ``stream`` is within one word
-    of it."""
-    index, hit = NearIndex(held_out), [False] * len(held_out)
-    for sentence in stream:
-        for i in index.near(sentence):
-            hit[i] = True
-    return hit

@@ -82,12 +82,6 @@ class Comet:
             log.warning(self._failure)
         return self._loaded
 
-    def score(
-        self, sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str]
-    ) -> dict[str, Any]:
-        """As calling it."""
-        return self(sources, hypotheses, references)
-
     def __call__(
         self, sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str]
     ) -> dict[str, Any]:
@@ -109,3 +103,5 @@ class Comet:
             "comet_model": self.model,
             "comet_reason": None,
         }
+
+    score = __call__  # the scorer protocol of metrics computed by a model

@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.model.encodings.base import (
     AttentionCall,
     AttentionRule,
     WrapperRule,
+    additive_mask,
     compute_dtype,
+    overrides,
     sdpa,
 )
 
@@ -48,15 +51,6 @@ class Sinks:
         return SinkRule(rule, n_heads, self.name)
 
 
-def owns_attention(rule: AttentionRule) -> bool:
-    """Whether ``rule`` computes attention its own way rather than the default rule's softmax
-    (a wrapper that forwards its attention asks its inner rule)."""
-    forward = type(rule).forward
-    if forward is WrapperRule.forward:
-        return owns_attention(rule.inner)  # type: ignore[attr-defined]
-    return forward is not AttentionRule.forward
-
-
 class SinkRule(WrapperRule):
     """``inner``'s attention with a learned sink logit per head in its softmax.
 
@@ -68,7 +62,7 @@ class SinkRule(WrapperRule):
     """
 
     def __init__(self, inner: AttentionRule, n_heads: int, name: str = "?") -> None:
-        if owns_attention(inner):
+        if overrides(inner, "forward"):
             raise ValueError(
                 f"pe={name}: pe.sinks=true joins the default softmax attention, and this "
                 "encoding computes attention its own way; leave pe.sinks null for it"
@@ -76,48 +70,40 @@ class SinkRule(WrapperRule):
         super().__init__(inner)
         self.logit = nn.Parameter(torch.zeros(n_heads))
 
-    def scores(self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor:
-        """Logits ``(B, H, Lq, Lk + 1)`` in the compute dtype, the sink's last, disallowed keys
-        at -inf."""
-        dtype = compute_dtype(q)
-        scale = self.score_scale(q)
-        scale = q.shape[-1] ** -0.5 if scale is None else scale
-        logits = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * scale
+    def mask(
+        self,
+        q: Tensor,
+        k: Tensor,
+        key_state: Tensor | None,
+        call: AttentionCall,
+        dtype: torch.dtype,
+    ) -> Tensor:
+        """What is added to ``q k^T`` scaled, ``(B, H, Lq, Lk + 1)`` in ``dtype``: the inner
+        rule's bias (or 0), -inf at the keys the call does not allow, and the sink's logit in
+        the last column (where the scores are 0: its key is zeros)."""
+        (batch, heads, length, _), keys = q.shape, k.shape[2]
         bias = self.bias(q, k, key_state, call)
-        if bias is not None:
-            logits = logits + bias.to(dtype)
-        allowed = call.allowed()
-        if allowed is not None:
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        sink = self.logit.to(dtype)[None, :, None, None].expand(*logits.shape[:-1], 1)
-        return torch.cat([logits, sink], dim=-1)
+        bias = q.new_zeros(1, 1, length, keys) if bias is None else bias
+        mask = additive_mask(bias, call, dtype).expand(batch, heads, length, keys)
+        sink = self.logit.to(dtype)[None, :, None, None].expand(batch, heads, length, 1)
+        return torch.cat([mask, sink], dim=-1)
 
     def weights(
         self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
         """``(B, H, Lq, Lk)``: the softmax with the sink, the sink's own weight left out."""
-        scores = self.scores(q, k, key_state, call)
-        return torch.softmax(scores, dim=-1)[..., :-1].to(q.dtype)
+        dtype = compute_dtype(q)
+        scale = self.score_scale(q)
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        scores = F.pad((q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * scale, (0, 1))
+        logits = scores + self.mask(q, k, key_state, call, dtype)
+        return torch.softmax(logits, dim=-1)[..., :-1].to(q.dtype)
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
     ) -> Tensor:
-        batch, heads, length = q.shape[0], q.shape[1], q.shape[2]
-        zeros = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
-        keys, values = torch.cat([k, zeros], dim=2), torch.cat([v, v.new_zeros(zeros.shape)], 2)
-        mask = self.bias(q, k, key_state, call)
-        if mask is None:
-            mask = q.new_zeros(1, 1, length, k.shape[2])
-        mask = mask.to(q.dtype)
-        allowed = call.allowed()
-        if allowed is not None:
-            mask = mask.masked_fill(~allowed, float("-inf"))
-        mask = mask.expand(batch, heads, length, k.shape[2])
-        sink = self.logit.to(q.dtype)[None, :, None, None].expand(batch, heads, length, 1)
-        mask = torch.cat([mask, sink], dim=-1)
+        keys, values = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))  # the sink: zeros
+        mask = self.mask(q, k, key_state, call, q.dtype)
         return sdpa(q, keys, values, mask, call.dropout_p, self.score_scale(q))
 
-    def attend_cached(
-        self, q: Tensor, k: Tensor, v: Tensor, key_state: Tensor | None, call: AttentionCall
-    ) -> tuple[Tensor, Tensor]:
-        return self(q, k, v, key_state, call), k
+    attend_cached = AttentionRule.attend_cached  # attention with the sink, not inner's

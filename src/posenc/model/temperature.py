@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc.model.encodings.base import AttentionCall, AttentionRule, WrapperRule
+from posenc.model.encodings.base import AttentionCall, AttentionRule, WrapperRule, overrides
 
 TEMPERATURES = ("llama4", "ssmax")
 #: the defaults of the settings each temperature reads: ``scale`` and (Llama 4) ``floor_scale``
@@ -124,15 +124,6 @@ class Temperature:
         return TemperedRule(rule, self, n_heads)
 
 
-def adds_bias(rule: AttentionRule) -> bool:
-    """Whether ``rule`` adds a position bias to the logits (a wrapper that forwards its bias
-    asks its inner rule)."""
-    bias = type(rule).bias
-    if bias is WrapperRule.bias:
-        return adds_bias(rule.inner)  # type: ignore[attr-defined]
-    return bias is not AttentionRule.bias
-
-
 class TemperedRule(WrapperRule):
     """An attention rule whose queries are scaled by :class:`Temperature` before ``inner``
     attends with them (every other hook is ``inner``'s, :class:`WrapperRule`).
@@ -142,7 +133,7 @@ class TemperedRule(WrapperRule):
     """
 
     def __init__(self, inner: AttentionRule, temperature: Temperature, n_heads: int) -> None:
-        if temperature.kind == "ssmax" and adds_bias(inner):
+        if temperature.kind == "ssmax" and overrides(inner, "bias"):
             raise ValueError(
                 "pe.temperature=ssmax with a position bias: Scalable-Softmax scales the whole "
                 "softmax input (Nakanishi 2025), posenc the queries only, which would leave the "

@@ -283,6 +283,15 @@ class WrapperRule(AttentionRule):
         self.rotates_qk, self.masking_bias = inner.rotates_qk, inner.masking_bias
 
 
+def overrides(rule: AttentionRule, hook: str) -> bool:
+    """Whether ``rule`` changes :class:`AttentionRule`'s ``hook`` (a wrapper that forwards it
+    asks its inner rule)."""
+    own = getattr(type(rule), hook)
+    if own is getattr(WrapperRule, hook):
+        return overrides(rule.inner, hook)  # type: ignore[attr-defined]
+    return own is not getattr(AttentionRule, hook)
+
+
 def _forwarding(name: str) -> Callable[..., Any]:
     def forward_to_inner(self: WrapperRule, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.inner, name)(*args, **kwargs)

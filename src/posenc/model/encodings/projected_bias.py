@@ -16,8 +16,10 @@ Where it applies: encoder and decoder self-attention, one bank and map per layer
 cross-attention. ``x`` is the attention's input. Initialisation as the reference: the bank
 ``N(0, 0.02^2)``, the map ``nn.Linear``'s default.
 
-The weights ride with the query: :meth:`ProjectedBiasRule.prepare` appends them to ``q`` as
-``R`` extra channels per head and ``R`` zero channels to ``k``, so ``q . k`` is unchanged, the
+Which bank column each query-key pair reads is worked out once per forward
+(:meth:`ProjectedBiasEncoding.context`) for every layer. The weights ride with the query:
+:meth:`ProjectedBiasRule.prepare` appends them to ``q`` as ``R`` extra channels per head and
+``R`` zero channels to ``k``, so ``q . k`` is unchanged, the
 cache keeps zeros, and the bias of the new queries of a cached call reads their own weights.
 """
 
@@ -32,6 +34,21 @@ from posenc.model.encodings.base import AttentionCall, AttentionRule, Site, Stac
 
 #: the bank's initial deviation, as the reference's ``embed_small_init``
 BANK_STD = 0.02
+
+
+def bank_columns(
+    q_pos: Tensor, k_pos: Tensor, max_dist: int, causal: bool
+) -> tuple[Tensor, Tensor]:
+    """The bank's column of each query-key pair ``(Lq, Lk)`` (the distance ``i - j``, shifted
+    by ``max_dist - 1`` in the encoder's signed bank; clamped where out of range) and whether
+    the pair has a bias at all (``|i - j| < max_dist``, and ``i >= j`` in the decoder)."""
+    distance = q_pos[:, None] - k_pos[None, :]
+    valid = distance.abs() < max_dist
+    if causal:
+        valid &= distance >= 0
+    width = max_dist if causal else 2 * max_dist - 1
+    columns = distance if causal else distance + max_dist - 1
+    return columns.clamp(0, width - 1), valid
 
 
 class ProjectedBiasRule(AttentionRule):
@@ -70,15 +87,11 @@ class ProjectedBiasRule(AttentionRule):
         return (q.shape[-1] - self.curves) ** -0.5
 
     def bias(self, q: Tensor, k: Tensor, key_state: Tensor | None, call: AttentionCall) -> Tensor:
-        """``(B, H, Lq, Lk)``: each query's weights times the bank's curves at its distances."""
-        weights = q[..., -self.curves :]
-        distance = call.q_pos[:, None] - call.k_pos[None, :]
-        index = distance if self.causal else distance + self.max_dist - 1
-        valid = (distance < self.max_dist) & (distance > -self.max_dist)
-        if self.causal:
-            valid &= distance >= 0
-        curves = self.bank[:, index.clamp(0, self.bank.shape[1] - 1)]  # (R, Lq, Lk)
-        bias = torch.einsum("bhir,rij->bhij", weights, curves.to(weights.dtype))
+        """``(B, H, Lq, Lk)``: each query's weights times the bank's curves at its distances
+        (``call.context``: :func:`bank_columns` of the call, made once per forward)."""
+        columns, valid = call.context
+        curves = self.bank[:, columns]  # (R, Lq, Lk)
+        bias = torch.einsum("bhir,rij->bhij", q[..., -self.curves :], curves.to(q.dtype))
         return bias.masked_fill(~valid, 0.0)
 
 
@@ -111,6 +124,10 @@ class ProjectedBiasEncoding(StackEncoding):
         if isinstance(max_dist, bool) or not isinstance(max_dist, int) or max_dist < 1:
             raise ValueError(f"projected_bias: max_dist={max_dist!r} must be a positive integer")
         self.curves, self.max_dist = curves, max_dist
+
+    def context(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """:func:`bank_columns` of the call, shared by every layer's rule."""
+        return bank_columns(q_pos, k_pos, self.max_dist, self.causal)
 
     def self_rule(self, layer: int) -> AttentionRule:
         return ProjectedBiasRule(

@@ -101,10 +101,10 @@ def slow_band_frequencies(
     kind: str,
     training_length: int,
     clipped_pairs: int | None,
-    unscaled: Tensor | None = None,
+    unscaled: Tensor,
 ) -> Tensor:
     """RoPE's slow bands changed, ``inv_freq (D/2,)`` highest first (a new tensor). Which
-    bands are slow is read from RoPE's own frequencies ``unscaled`` (default ``inv_freq``), so
+    bands are slow is read from RoPE's own frequencies ``unscaled (D/2,)``, so
     a test-time scaling of ``inv_freq`` changes the same bands as training did:
 
     * ``hope`` (HoPE, Chen et al. 2025, in the statement of Levy et al. 2026, "RoPE is dead,
@@ -128,8 +128,7 @@ def slow_band_frequencies(
                 "rope: slow_bands=hope needs original_max_len > 0 (the training length L), "
                 f"got {training_length}"
             )
-        own = inv_freq if unscaled is None else unscaled
-        out[own < 2 * math.pi / training_length] = 0.0
+        out[unscaled < 2 * math.pi / training_length] = 0.0
         return out
     if kind not in SLOW_BANDS:
         raise ValueError(
