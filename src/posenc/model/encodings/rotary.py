@@ -41,6 +41,7 @@ from posenc.model.encodings.rotation import (
     rope_frequencies,
     rotate_heads,
     rotation_table,
+    slow_bands,
 )
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def slow_band_frequencies(
                 "rope: slow_bands=hope needs original_max_len > 0 (the training length L), "
                 f"got {training_length}"
             )
-        out[unscaled < 2 * math.pi / training_length] = 0.0
+        out[slow_bands(unscaled, training_length)] = 0.0
         return out
     if kind not in SLOW_BANDS:
         raise ValueError(

@@ -8,6 +8,7 @@ skew-symmetric generators."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,10 +17,16 @@ from torch import Tensor
 from posenc.model.encodings.base import AttentionRule, StackEncoding, compute_dtype
 
 
-def rope_frequencies(dim: int, base: float = 10000.0) -> Tensor:
+def rope_frequencies(dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> Tensor:
     """RoPE's inverse frequencies ``theta_i = base^(-2i/dim) (dim/2,)`` for ``dim`` rotated
-    dims."""
-    return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    dims, in ``dtype``."""
+    return 1.0 / base ** (torch.arange(0, dim, 2, dtype=dtype) / dim)
+
+
+def slow_bands(inv_freq: Tensor, training_length: int) -> Tensor:
+    """Bool ``(D/2,)``: the bands of ``inv_freq (D/2,)`` whose wavelength exceeds the training
+    length ``L``, ``theta_j < 2 pi / L`` (HoPE's rule, as Levy et al. 2026 state it)."""
+    return inv_freq < 2 * math.pi / training_length
 
 
 def rotation_table(positions: Tensor, inv_freq: Tensor, scale: Tensor | float = 1.0) -> Tensor:
