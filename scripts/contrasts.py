@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from posenc.analysis.plan import add_plan_arguments, plan_of, provenance
 from posenc.analysis.report.contrasts import (
     contrasts_markdown,
     decoding_contrasts,
@@ -43,7 +44,10 @@ def main() -> None:
     parser.add_argument(
         "--seeds", type=seed_selection, help="only the runs of these seeds (1-4, 0,2)"
     )
+    add_plan_arguments(parser)
     args = parser.parse_args()
+    plan = plan_of(args.plan, "contrasts")
+    margins = plan.margins if plan is not None else None
     if args.decoding and args.seeds:
         parser.error("--seeds selects the runs of --pair comparisons, not of --decoding")
     if args.decoding and args.eval:
@@ -55,12 +59,14 @@ def main() -> None:
             lines = decoding_markdown(comparison, args.bootstrap)
         else:
             pairs = [tuple(pair) for pair in args.pair]
-            rows = sweep_contrasts(sweep, pairs, splits, args.bootstrap, args.eval, args.seeds)
-            lines = contrasts_markdown(rows, args.bootstrap)
+            rows = sweep_contrasts(
+                sweep, pairs, splits, args.bootstrap, args.eval, args.seeds, margins
+            )
+            lines = contrasts_markdown(rows, args.bootstrap, margins)
             lines += ["", seeds_note(args.seeds)] if args.seeds else []
     except ReportError as err:
         sys.exit(f"contrasts: {err}")
-    text = "\n".join(lines) + "\n"
+    text = "\n".join([provenance(plan, args.family), "", *lines]) + "\n"
     if args.out:
         args.out.write_text(text, encoding="utf-8")
     print(text, end="")

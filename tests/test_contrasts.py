@@ -228,3 +228,39 @@ def test_a_family_can_be_judged_on_some_seeds_for_every_system_alike(beam_sweep)
     )
     with pytest.raises(argparse.ArgumentTypeError, match="names no training seeds"):
         seed_selection("one")
+
+
+def test_with_a_plans_margins_no_finding_is_equivalent_only_when_two_one_sided_tests_say_so(
+    tmp_path,
+):
+    """Not significant is not the same: a small difference is "equivalent" within wide margins
+    and "not resolved" within margins its interval (about +-15 BLEU here) does not fit."""
+    systems = {
+        "a": [entry(tmp_path, "a", s, 9) for s in (0, 1, 2)],
+        "b": [entry(tmp_path, "b", s, 11) for s in (0, 1, 2)],
+    }
+    verdicts = []
+    for margin in (100.0, 0.5):
+        rows = [contrast(systems, "test", "a", "b", SAMPLES, StatisticsCache())]
+        judge(rows, {"bleu": margin, "chrf": margin})
+        verdicts.append(rows[0].verdict)
+    assert verdicts == ["equivalent within the margins", "not resolved"]
+    table = "\n".join(contrasts_markdown(rows, SAMPLES, {"bleu": 0.5, "chrf": 0.5}))
+    assert "p equivalent (BLEU, chrF)" in table and "(BLEU 0.5, chrF 0.5 points)" in table
+    assert "p equivalent" not in "\n".join(contrasts_markdown(compared(systems, ("a", "b")), 9))
+
+
+def test_the_table_opens_with_its_plans_family_or_says_it_is_exploratory(beam_sweep, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "plan: toy\ndeclared: 2026-11-29\nbaseline: nonepe\nmargins: {bleu: 1, chrf: 1}\n"
+        "families:\n  - {name: pairs, contrast: a - b, metrics: [bleu, chrf], tests: 2}\n"
+    )
+    command = [sys.executable, str(ROOT / "scripts" / "contrasts.py"), str(beam_sweep)]
+    command += ["--pair", "rope", "nonepe"]
+    first_lines = []
+    for extra in ([], ["--plan", str(plan), "--family", "pairs"]):
+        result = subprocess.run(command + extra, capture_output=True, text=True, check=True)
+        first_lines.append(result.stdout.splitlines()[0])
+    assert first_lines[0].startswith("**Exploratory**: these comparisons are not a family")
+    assert first_lines[1].startswith("Family 'pairs' (2 tests) of plan `toy` (sha256 ")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,11 +88,12 @@ def contrast(
     return row
 
 
-def judge(rows: Sequence[Contrast]) -> None:
-    """Correct every compared row as one family (:func:`~.findings.judge_family`) and set its
-    verdict: ``"<leader> ahead"`` for a finding, else the rule it failed."""
+def judge(rows: Sequence[Contrast], margins: Mapping[str, float] | None = None) -> None:
+    """Correct every compared row as one family (:func:`~.findings.judge_family`, with a plan's
+    equivalence ``margins`` by metric when given) and set its verdict: ``"<leader> ahead"`` for
+    a finding, else the rule it failed or the equivalence it showed."""
     compared = [r for r in rows if r.judgement is not None]
-    judge_family([r.judgement for r in compared])  # type: ignore[misc]
+    judge_family([r.judgement for r in compared], margins)  # type: ignore[misc]
     for row in compared:
         said = row.judgement.verdict  # type: ignore[union-attr]
         row.verdict = f"{row.leader} ahead" if said == WORSE else said
@@ -105,11 +106,13 @@ def sweep_contrasts(
     samples: int,
     evaluation: str | None = None,
     seeds: frozenset[int] | None = None,
+    margins: Mapping[str, float] | None = None,
 ) -> list[Contrast]:
     """Every pair on every split of the sweep in ``sweep`` (systems named as the report labels
     them: ``rope``, ``rope (pe.cross_attention=rotated)``; a split ``NAME-clean`` is a held-out
     set's clean part, :mod:`.clean`), judged together; with ``seeds``, on the runs of those
-    training seeds alone.
+    training seeds alone; with ``margins`` (BLEU and chrF points), a difference that is no
+    finding also tested for equivalence within them.
 
     Raises:
         ReportError: no run under ``sweep``, or ``samples`` is not positive.
@@ -122,7 +125,7 @@ def sweep_contrasts(
     with tempfile.TemporaryDirectory() as scratch:  # the clean splits' files, while read
         for split, systems in entries_by_split(groups, splits, Path(scratch)).items():
             rows += [contrast(systems, split, a, b, samples, cache) for a, b in pairs]
-    judge(rows)
+    judge(rows, margins)
     return rows
 
 
@@ -227,14 +230,22 @@ def ranking_agreement(
     return kendall_tau(*orders)
 
 
-def contrasts_markdown(rows: Sequence[Contrast], samples: int) -> list[str]:
+def contrasts_markdown(
+    rows: Sequence[Contrast], samples: int, margins: Mapping[str, float] | None = None
+) -> list[str]:
     """The rows as a markdown table (differences ``first - second`` with their 95% intervals,
     the seeds each side has, Holm-adjusted p-values, the seeds per system that would find the
-    difference) with a caption stating the rules."""
+    difference; with the ``margins`` the rows were judged with, the equivalence tests'
+    adjusted p-values) with a caption stating the rules."""
+    equivalence = margins is not None and any(
+        r.judgement is not None and r.judgement.p_equivalence for r in rows
+    )
     lines = [
         "| split | first | second | seeds | BLEU first - second [95% CI] | chrF first - second "
-        "[95% CI] | p BLEU | p chrF | seeds for 80% power (BLEU, chrF) | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "[95% CI] | p BLEU | p chrF | seeds for 80% power (BLEU, chrF) | "
+        + ("p equivalent (BLEU, chrF) | " if equivalence else "")
+        + "verdict |",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if equivalence else "") + "---|",
     ]
     tests = len(tested_p([row.judgement for row in rows if row.judgement is not None]))
     for row in rows:
@@ -242,7 +253,8 @@ def contrasts_markdown(rows: Sequence[Contrast], samples: int) -> list[str]:
         if judged is None:
             lines.append(
                 f"| {row.split} | {row.first} | {row.second} | - | - | - | - | - | - | "
-                f"{row.verdict} |"
+                + ("- | " if equivalence else "")
+                + f"{row.verdict} |"
             )
             continue
         bleu, chrf = judged.comparisons["bleu"], judged.comparisons["chrf"]
@@ -251,7 +263,9 @@ def contrasts_markdown(rows: Sequence[Contrast], samples: int) -> list[str]:
         lines.append(
             f"| {row.split} | {row.first} | {row.second} | {seeds} | {bleu.text()} | "
             f"{chrf.text()} | {_p(judged.p_holm.get('bleu'))} | "
-            f"{_p(judged.p_holm.get('chrf'))} | {needed} | {row.verdict} |"
+            f"{_p(judged.p_holm.get('chrf'))} | {needed} | "
+            + (_equivalence_cell(judged) if equivalence else "")
+            + f"{row.verdict} |"
         )
     lines += [
         "",
@@ -270,7 +284,18 @@ def contrasts_markdown(rows: Sequence[Contrast], samples: int) -> list[str]:
         f"observed noise (`>{MAX_SEEDS}`: not within {MAX_SEEDS}, or not with seeds at all: "
         "the test set's own noise is larger).",
     ]
+    if equivalence:
+        lines[-1] += (
+            f" With the plan's margins (BLEU {margins['bleu']:g}, chrF {margins['chrf']:g} "
+            "points), a row that is no finding is `equivalent within the margins` when two "
+            "one-sided tests put both differences inside them (Holm over the family's "
+            "equivalence tests), else `not resolved`."
+        )
     return lines
+
+
+def _equivalence_cell(judged: Judgement) -> str:
+    return f"{_p(judged.p_equivalence.get('bleu'))}, {_p(judged.p_equivalence.get('chrf'))} | "
 
 
 def decoding_markdown(comparison: DecodingComparison, samples: int) -> list[str]:
