@@ -30,9 +30,10 @@ def test_attention_maps_are_distributions_with_the_masks_applied(name):
     src = torch.tensor([[5, 6, 7, 8, 2], [5, 6, 2, 0, 0]])
     tgt_in = torch.tensor([[1, 9, 10, 11], [1, 9, 0, 0]])
     maps = model.attention_maps(src, tgt_in)
-    b, h = 2, model.encoder.layers[0].self_attn.n_heads
-    assert maps["encoder"].shape == (b, h, 5, 5)
-    assert maps["decoder"].shape == (b, h, 4, 4)
+    encoder, decoder = model.encoder.layers[0], model.decoder.layers[0]
+    b, h = 2, decoder.cross_attn.attended_heads  # a rule's heads: RoPE++ attends with more
+    assert maps["encoder"].shape == (b, encoder.self_attn.attended_heads, 5, 5)
+    assert maps["decoder"].shape == (b, decoder.self_attn.attended_heads, 4, 4)
     assert maps["cross"].shape == (b, h, 4, 5)
     for weights in maps.values():
         assert torch.all(weights >= 0)

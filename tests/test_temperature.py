@@ -108,6 +108,7 @@ def test_it_applies_to_the_off_layers_when_set_else_every_layer_and_never_to_cro
         ("nonepe", {"temperature": "llama4", "temperature_floor_scale": 3}),
         ("rope", {"off_layers": [1], "temperature": "llama4", "temperature_floor_scale": 2}),
         ("alibi", {"off_layers": [1], "temperature": "ssmax"}),  # on its layer without bias
+        ("rope_pp", {"temperature": "ssmax"}),  # one s per projected head: half of the heads
     ],
 )
 def test_cached_decoding_padding_and_float64_hold_with_a_temperature(name, overrides):

@@ -22,18 +22,21 @@ class MultiHeadAttention(nn.Module):
     Args:
         d_model: model width ``d``.
         n_heads: heads ``H``; ``D = d / H``.
-        rule: the encoding's attention rule for this layer and site.
+        rule: the encoding's attention rule for this layer and site; its
+            :meth:`~AttentionRule.head_counts` says how many heads of ``D`` q, k, v are projected to
+            (``n_heads``) and how many its output holds (H unless the rule says otherwise).
     """
 
     def __init__(self, d_model: int, n_heads: int, rule: AttentionRule) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.n_heads = n_heads
         self.head_dim = d_model // n_heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.n_heads, self.attended_heads = rule.head_counts(n_heads)
+        width = self.n_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, width)
+        self.kv_proj = nn.Linear(d_model, 2 * width)
+        self.out_proj = nn.Linear(self.attended_heads * self.head_dim, d_model)
         self.rule = rule
 
     def decayed_parameters(self) -> list[nn.Parameter]:

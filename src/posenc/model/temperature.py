@@ -129,7 +129,9 @@ class TemperedRule(WrapperRule):
     attends with them (every other hook is ``inner``'s, :class:`WrapperRule`).
 
     Attributes:
-        s: ``(H,)`` SSMax's learned scales (ssmax only).
+        s: ``(h,)`` SSMax's learned scales (ssmax only), one per head of the queries it scales:
+            the heads ``inner`` projects (:meth:`~AttentionRule.head_counts`; RoPE++'s real and
+            imaginary heads share their query's).
     """
 
     def __init__(self, inner: AttentionRule, temperature: Temperature, n_heads: int) -> None:
@@ -143,7 +145,7 @@ class TemperedRule(WrapperRule):
         super().__init__(inner)
         self.temperature = temperature
         self.s = (
-            nn.Parameter(torch.full((n_heads,), temperature.scale))
+            nn.Parameter(torch.full((inner.head_counts(n_heads)[0],), temperature.scale))
             if temperature.kind == "ssmax"
             else None
         )

@@ -185,7 +185,9 @@ class AttentionRule(EncodingModule):
     * :meth:`forward` to replace the attention computation (Shaw, CoPE, stick-breaking, PaTH);
     * :meth:`attend_cached` when a new token changes how the cached keys are seen (PaTH);
     * :meth:`after_feedforward` to read the layer's feed-forward output (TAPE's position
-      states, carried from layer to layer).
+      states, carried from layer to layer);
+    * :meth:`head_counts` when the rule attends with other heads than q, k and v are projected to
+      (RoPE++'s imaginary heads).
 
     Two declarations tell the diagnostic plots (:mod:`posenc.analysis.plot_pe`) what suits the
     rule: :attr:`rotates_qk` and :attr:`masking_bias`.
@@ -199,6 +201,12 @@ class AttentionRule(EncodingModule):
     masking_bias: ClassVar[float | None] = None
     """A finite bias that masks rather than biases: entries of :meth:`bias` at or below it are
     keys the head does not look at, left out of the plotted bias. None: every entry is a bias."""
+
+    def head_counts(self, n_heads: int) -> tuple[int, int]:
+        """``(projected, attended)`` for a layer of ``n_heads`` heads of ``D = d / n_heads``: the
+        heads q, k and v are projected to (and cached), and the heads the rule's output holds
+        (the output projection's input is ``attended * D``). Default: ``n_heads`` both."""
+        return n_heads, n_heads
 
     def prepare(
         self, q: Tensor, k: Tensor, x: Tensor, positions: Tensor, context: Any = None
