@@ -18,6 +18,7 @@ from pathlib import Path
 from posenc.analysis.alignment import probe
 from posenc.analysis.report.runs import group_runs, load_run
 from posenc.api import load_run as load_trained
+from posenc.config.data import data_config
 from posenc.config.variants import split_labels
 from posenc.data.splits import load_corpora
 from posenc.runtime.files import write_text
@@ -30,7 +31,7 @@ def pairs_of(
     """The first ``count`` pairs of ``split`` (as the run's data config loads it) whose source
     has ``lengths[0]``-``lengths[1]`` words."""
     trained = load_trained(run_dir, *overrides)
-    corpus = load_corpora(trained.config.data, with_train=False)[split]
+    corpus = load_corpora(data_config(trained.config.data), with_train=False)[split]
     chosen = [
         (s, t)
         for s, t in zip(corpus.src, corpus.tgt, strict=True)

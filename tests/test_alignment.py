@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 import posenc
 from posenc.analysis.alignment import monotonicity, probe
+from posenc.config import data as typed
 from posenc.data.batching import collate
 from posenc.data.splits import load_corpora
 from posenc.job import run
@@ -49,7 +50,9 @@ def test_the_probe_is_each_pairs_own_score_averaged_whatever_the_batch(trained):
     """Padding a pair beside longer ones changes nothing: the batched probe equals a loop over
     the pairs one at a time."""
     loaded = posenc.load_run(trained, "device=cpu")
-    data = load_corpora(OmegaConf.load(trained / "config.yaml").data, with_train=False)["test"]
+    data = load_corpora(
+        typed.data_config(OmegaConf.load(trained / "config.yaml").data), with_train=False
+    )["test"]
     sources, targets = data.src[:5], data.tgt[:5]
     result = probe(loaded, sources, targets)
     layers = len(loaded.model.decoder.layers)

@@ -9,6 +9,7 @@ import torch
 from conftest import PE_NAMES, ROOT, tiny_model
 from omegaconf import OmegaConf
 
+from posenc.config import data as typed
 from posenc.data.corpus import Corpus
 from posenc.data.tokenizer import Tokenizer, build_tokenizer
 from posenc.evaluation.attention_maps import (
@@ -73,7 +74,9 @@ def small_bpe(tmp_path) -> Tokenizer:
     english = ["Last summer we went to Christmas.", "Where is the library?"]
     config = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "tokenizer" / "bpe.yaml"))
     config.update(vocab_size=120, min_frequency=1)
-    return build_tokenizer(config, Corpus("train", french * 10, english * 10), tmp_path)
+    return build_tokenizer(
+        typed.tokenizer_config(config), Corpus("train", french * 10, english * 10), tmp_path
+    )
 
 
 def test_the_example_holds_the_tokens_of_its_queries_and_keys(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import SMOKE, compose
 
+from posenc.config.settings import Settings
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
 from posenc.model.factory import load_run_model
@@ -79,7 +80,9 @@ def test_a_run_keeps_its_last_n_validations_and_evaluates_their_average(averaged
     assert metrics["checkpoint"] == "step_6.pt" and metrics["step"] == 6
 
     cfg = compose(*TRAIN)
-    _, model, step, _ = load_run_model(averaged_run, cfg, "best", torch.device("cpu"), 2)
+    _, model, step, _ = load_run_model(
+        averaged_run, Settings.of(cfg), "best", torch.device("cpu"), 2
+    )
     older = checkpoint.load(checkpoints / "step_4.pt")["model"]
     newer = checkpoint.load(checkpoints / "step_6.pt")["model"]
     name = "output.weight"

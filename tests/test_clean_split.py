@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from posenc.analysis.report.build import build_report
 from posenc.analysis.report.clean import NEAR_SUFFIX, clean_entries, entries_by_split
 from posenc.analysis.report.runs import DONE, Group, ReportError, Run
+from posenc.config import data as typed
 from posenc.config import flatten
 from posenc.data.splits import load_corpora
 from posenc.evaluation.metrics import corpus_scores
@@ -42,7 +43,7 @@ def data_node(directory: Path, **overrides) -> dict:
 
 def finished_run(tmp_path: Path, data: dict, name: str) -> Run:
     """A run that translated every held-out pair but its first three correctly."""
-    held_out = load_corpora(data, with_train=False)["inside"]
+    held_out = load_corpora(typed.data_config(data), with_train=False)["inside"]
     hyps = ["wrong words here"] * 3 + held_out.tgt[3:]
     folder = tmp_path / name
     folder.mkdir()
@@ -68,7 +69,7 @@ def test_a_leaking_set_is_scored_again_on_the_pairs_that_share_nothing_with_trai
     run = finished_run(tmp_path, leaky, "old")
     found = clean_entries([Group("rope", "rope", "", [run])], ["inside"], tmp_path / "report")
     (entry,) = found["inside-clean"]["rope"]
-    held_out = load_corpora(leaky, with_train=False)["inside"]
+    held_out = load_corpora(typed.data_config(leaky), with_train=False)["inside"]
     held_targets = set(held_out.tgt)
     kept = entry.references.read_text().splitlines()
     assert 0 < len(kept) < SIZE and entry.scores["sentences"] == len(kept)
@@ -130,7 +131,7 @@ def test_the_near_clean_part_leaves_out_pairs_within_one_word_of_any_training_pa
     assert found["inside-clean"] == found["inside"]
     (entry,) = found["inside-nearclean"]["rope"]
     kept = entry.references.read_text().splitlines()
-    held_out = load_corpora(rule, with_train=False)["inside"]
+    held_out = load_corpora(typed.data_config(rule), with_train=False)["inside"]
     twins_of = {
         s: s.removesuffix(" aussi") if s.endswith(" aussi") else f"{s} aussi" for s in held_out.src
     }

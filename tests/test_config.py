@@ -20,6 +20,7 @@ from posenc.config import (
     flatten,
     unknown_setting,
 )
+from posenc.config.settings import Settings
 from posenc.model.encodings import SHARED_SETTINGS
 
 GROUP_FILES = [
@@ -141,5 +142,5 @@ def test_an_interpolation_that_cannot_be_resolved_is_one_line_naming_its_key(ove
     from posenc.training.setup import check_config
 
     with pytest.raises(ValueError, match=message) as refused:
-        check_config(compose("experiment=smoke", override))
+        check_config(Settings.of(compose("experiment=smoke", override)))
     assert "\n" not in str(refused.value) and str(refused.value).endswith("give a plain value")

@@ -12,6 +12,7 @@ import torch
 from conftest import SHARED_DATA, clean_pairs, sentences, write_pair
 from omegaconf import OmegaConf
 
+from posenc.config import data as typed
 from posenc.data.batching import TokenBatcher, collate
 from posenc.data.corpus import Corpus, DataError, resolve_path
 from posenc.data.splits import eval_splits, load_corpora, training_stream
@@ -38,7 +39,10 @@ def assert_one_line_error(excinfo: pytest.ExceptionInfo, *parts: str) -> None:
 
 
 def test_toy_data_is_deterministic_and_the_target_depends_on_word_order():
-    first, second = load_corpora(data_config("toy")), load_corpora(data_config("toy"))
+    first, second = (
+        load_corpora(typed.data_config(data_config("toy"))),
+        load_corpora(typed.data_config(data_config("toy"))),
+    )
     assert set(first) == {"train", "valid", "test"}
     assert [len(first[k]) for k in ("train", "valid", "test")] == [2000, 100, 100]
     for split in first:
@@ -52,7 +56,7 @@ def test_toy_data_is_deterministic_and_the_target_depends_on_word_order():
         assert tgt.split() == words[::-1]
     # Same words, another order: another target.
     assert sum(s != t for s, t in zip(train.src, train.tgt, strict=True)) > 1900
-    other = load_corpora(data_config("toy", seed=99))["train"]
+    other = load_corpora(typed.data_config(data_config("toy", seed=99)))["train"]
     assert other.src != train.src
 
 
@@ -60,7 +64,7 @@ def test_toy_rotate_task_and_longer_extra_test_sets():
     cfg = data_config(
         "toy", task="rotate", shift=2, extra_tests={"long": {"min_len": 13, "max_len": 24}}
     )
-    corpora = load_corpora(cfg)
+    corpora = load_corpora(typed.data_config(cfg))
     for src, tgt in zip(corpora["train"].src, corpora["train"].tgt, strict=True):
         words = src.split()
         assert tgt.split() == words[2:] + words[:2]
@@ -73,7 +77,7 @@ def test_toy_rotate_task_and_longer_extra_test_sets():
 
 def test_toy_rejects_unknown_task():
     with pytest.raises(DataError) as excinfo:
-        load_corpora(data_config("toy", task="sort"))
+        load_corpora(typed.data_config(data_config("toy", task="sort")))
     assert_one_line_error(excinfo, "sort", "reverse", "rotate")
 
 
@@ -96,7 +100,9 @@ def local_config(directory: Path, **overrides) -> dict:
 
 def test_local_loader_reads_aligned_files_and_drops_empty_lines(local_dir, caplog):
     with caplog.at_level(logging.INFO, logger="posenc.data.splits"):
-        corpora = load_corpora(local_config(local_dir, extra_tests={"news": "corpus/news"}))
+        corpora = load_corpora(
+            typed.data_config(local_config(local_dir, extra_tests={"news": "corpus/news"}))
+        )
     assert {k: len(v) for k, v in corpora.items()} == {
         "train": 70,
         "valid": 29,
@@ -119,9 +125,11 @@ def test_local_loader_reads_aligned_files_and_drops_empty_lines(local_dir, caplo
 
 
 def test_local_subsets_are_seeded_samples(local_dir):
-    corpora = load_corpora(local_config(local_dir, train_size=25, valid_size=10))
-    again = load_corpora(local_config(local_dir, train_size=25, valid_size=10))
-    other = load_corpora(local_config(local_dir, train_size=25, valid_size=10, seed=7))
+    corpora = load_corpora(typed.data_config(local_config(local_dir, train_size=25, valid_size=10)))
+    again = load_corpora(typed.data_config(local_config(local_dir, train_size=25, valid_size=10)))
+    other = load_corpora(
+        typed.data_config(local_config(local_dir, train_size=25, valid_size=10, seed=7))
+    )
     assert len(corpora["train"]) == 25 and len(corpora["valid"]) == 10
     assert corpora["train"].src == again["train"].src and corpora["valid"].src == again["valid"].src
     assert corpora["train"].src != other["train"].src
@@ -133,14 +141,16 @@ def test_local_subsets_are_seeded_samples(local_dir):
 def test_local_loader_normalises_whitespace_and_ignores_a_byte_order_mark(tmp_path):
     (tmp_path / "x.fr").write_bytes("\ufeffUn\u00a0 deux\t\r\nTrois\n".encode())
     (tmp_path / "x.en").write_text("One two\nThree", encoding="utf-8")
-    corpora = load_corpora(local_config(tmp_path, train=["x"], valid="x", test="x", clean=None))
+    corpora = load_corpora(
+        typed.data_config(local_config(tmp_path, train=["x"], valid="x", test="x", clean=None))
+    )
     assert corpora["test"].src == ["Un deux", "Trois"]
     assert corpora["test"].tgt == ["One two", "Three"]
 
 
 def test_missing_file_names_it_and_the_setting(local_dir):
     with pytest.raises(DataError) as excinfo:
-        load_corpora(local_config(local_dir, test="nowhere/newstest"))
+        load_corpora(typed.data_config(local_config(local_dir, test="nowhere/newstest")))
     assert_one_line_error(
         excinfo, str(local_dir / "nowhere/newstest.fr"), "data.dir", "POSENC_DATA"
     )
@@ -148,14 +158,14 @@ def test_missing_file_names_it_and_the_setting(local_dir):
 
 def test_missing_directory_is_refused(tmp_path):
     with pytest.raises(DataError) as excinfo:
-        load_corpora(local_config(tmp_path / "absent"))
+        load_corpora(typed.data_config(local_config(tmp_path / "absent")))
     assert_one_line_error(excinfo, "absent", "POSENC_DATA")
 
 
 def test_line_count_mismatch_names_both_files_and_counts(local_dir):
     (local_dir / "test.en").write_text("only\ntwo\n", encoding="utf-8")
     with pytest.raises(DataError) as excinfo:
-        load_corpora(local_config(local_dir))
+        load_corpora(typed.data_config(local_config(local_dir)))
     assert_one_line_error(
         excinfo, str(local_dir / "test.fr"), "20 lines", str(local_dir / "test.en"), "has 2"
     )
@@ -166,21 +176,21 @@ def test_invalid_utf8_names_file_and_line(local_dir):
     lines[4] = b"caf\xe9 latin-1"
     (local_dir / "test.fr").write_bytes(b"\n".join(lines) + b"\n")
     with pytest.raises(DataError) as excinfo:
-        load_corpora(local_config(local_dir))
+        load_corpora(typed.data_config(local_config(local_dir)))
     assert_one_line_error(excinfo, str(local_dir / "test.fr"), "line 5", "UTF-8")
 
 
 def test_empty_training_split_after_cleaning_names_split_and_filter(local_dir):
     clean = {"min_words": 6, "max_words": 80, "max_ratio": 3.0, "dedup": True}
     with pytest.raises(DataError) as excinfo:
-        load_corpora(local_config(local_dir, clean=clean))
+        load_corpora(typed.data_config(local_config(local_dir, clean=clean)))
     assert_one_line_error(excinfo, "'train'", "'length'", "70 of 70", "data.clean")
 
 
 def test_held_out_split_with_only_empty_lines_is_refused(local_dir):
     write_pair(local_dir, "blank", ["", " "], ["a", "b"])
     with pytest.raises(DataError) as excinfo:
-        load_corpora(local_config(local_dir, test="blank"))
+        load_corpora(typed.data_config(local_config(local_dir, test="blank")))
     assert_one_line_error(excinfo, "'test'", "2 empty")
 
 
@@ -195,7 +205,7 @@ def test_held_out_split_with_only_empty_lines_is_refused(local_dir):
 )
 def test_bad_settings_give_one_line_errors(local_dir, overrides, parts):
     with pytest.raises(DataError) as excinfo:
-        load_corpora(local_config(local_dir, **overrides))
+        load_corpora(typed.data_config(local_config(local_dir, **overrides)))
     assert_one_line_error(excinfo, *parts)
 
 
@@ -207,7 +217,9 @@ def test_holdout_sets_are_cut_out_of_training_and_none_of_their_sources_is_train
     write_pair(local_dir, "corpus/train", [*src, src[0]], [*tgt, "another translation"])
     holdout = {"inside": {"stem": "corpus/train", "size": 20}}
     with caplog.at_level(logging.INFO, logger="posenc.data.splits"):
-        corpora = load_corpora(local_config(local_dir, holdout=holdout, clean=None))
+        corpora = load_corpora(
+            typed.data_config(local_config(local_dir, holdout=holdout, clean=None))
+        )
     inside = corpora["inside"]
     assert len(inside) == 20 and len(set(inside.src)) == 20
     pairs = dict(zip(src, tgt, strict=True))
@@ -218,8 +230,10 @@ def test_holdout_sets_are_cut_out_of_training_and_none_of_their_sources_is_train
     trained_on = 61 - 20 - (1 if src[0] in inside.src else 0) + 10
     assert len(corpora["train"]) == trained_on
     assert "inside: 20 pairs held out of corpus/train" in caplog.text
-    again = load_corpora(local_config(local_dir, holdout=holdout, clean=None))
-    other = load_corpora(local_config(local_dir, holdout=holdout, clean=None, seed=7))
+    again = load_corpora(typed.data_config(local_config(local_dir, holdout=holdout, clean=None)))
+    other = load_corpora(
+        typed.data_config(local_config(local_dir, holdout=holdout, clean=None, seed=7))
+    )
     assert again["inside"].src == inside.src and other["inside"].src != inside.src
 
 
@@ -232,13 +246,13 @@ def test_no_training_pair_shares_a_source_or_a_target_with_a_held_out_pair(local
     write_pair(local_dir, "corpus/train", src + twins, tgt + tgt)
     holdout = {"inside": {"stem": "corpus/train", "size": 20}}
     clean = local_config(local_dir, holdout=holdout, clean=None)
-    corpora = load_corpora(clean)
+    corpora = load_corpora(typed.data_config(clean))
     assert clean["holdout_drops"] == ["source", "target"]
     assert not set(corpora["inside"].tgt) & set(corpora["train"].tgt)
     assert not set(corpora["inside"].src) & set(corpora["train"].src)
     leaky = dict(clean)
     del leaky["holdout_drops"]
-    before = load_corpora(leaky)
+    before = load_corpora(typed.data_config(leaky))
     assert before["inside"].tgt == corpora["inside"].tgt  # the same held-out pairs
     held_twice = {t for t in before["inside"].tgt if before["inside"].tgt.count(t) == 2}
     leaked = set(before["inside"].tgt) & set(before["train"].tgt)
@@ -248,7 +262,9 @@ def test_no_training_pair_shares_a_source_or_a_target_with_a_held_out_pair(local
 def test_a_holdout_rule_naming_another_side_is_refused_in_one_line(local_dir):
     holdout = {"inside": {"stem": "corpus/train", "size": 5}}
     with pytest.raises(DataError) as excinfo:
-        load_corpora(local_config(local_dir, holdout=holdout, holdout_drops=["sources"]))
+        load_corpora(
+            typed.data_config(local_config(local_dir, holdout=holdout, holdout_drops=["sources"]))
+        )
     assert_one_line_error(excinfo, "data.holdout_drops=['sources']", "source", "target")
 
 
@@ -259,15 +275,17 @@ def test_the_tatoeba_set_of_runs_made_before_the_rule_shares_504_of_1000_targets
     del leaky["holdout_drops"]
     shared = []
     for cfg in (leaky, data_config("local", dir=str(SHARED_DATA))):
-        trained = {t for _, t in training_stream(cfg)}
-        held_out = load_corpora(cfg, with_train=False)["tatoeba"]
+        trained = {t for _, t in training_stream(typed.data_config(cfg))}
+        held_out = load_corpora(typed.data_config(cfg), with_train=False)["tatoeba"]
         shared.append(sum(t in trained for t in held_out.tgt))
     assert shared == [504, 0]
 
 
 def test_eval_splits_all_means_every_test_split_but_not_valid(local_dir):
     holdout = {"inside": {"stem": "corpus/train", "size": 5}}
-    corpora = load_corpora(local_config(local_dir, holdout=holdout, extra_tests={"x": "dev"}))
+    corpora = load_corpora(
+        typed.data_config(local_config(local_dir, holdout=holdout, extra_tests={"x": "dev"}))
+    )
     assert eval_splits(["all"], corpora) == ["test", "x", "inside"]
     assert eval_splits(["valid", "all", "test"], corpora) == ["valid", "test", "x", "inside"]
     with pytest.raises(DataError) as excinfo:
@@ -287,13 +305,15 @@ def test_eval_splits_all_means_every_test_split_but_not_valid(local_dir):
 )
 def test_bad_holdout_settings_give_one_line_errors(local_dir, holdout, parts):
     with pytest.raises(DataError) as excinfo:
-        load_corpora(local_config(local_dir, holdout=holdout))
+        load_corpora(typed.data_config(local_config(local_dir, holdout=holdout)))
     assert_one_line_error(excinfo, *parts)
 
 
 def test_direction_is_configurable(local_dir):
-    forward = load_corpora(local_config(local_dir))
-    backward = load_corpora(local_config(local_dir, src_lang="en", tgt_lang="fr"))
+    forward = load_corpora(typed.data_config(local_config(local_dir)))
+    backward = load_corpora(
+        typed.data_config(local_config(local_dir, src_lang="en", tgt_lang="fr"))
+    )
     assert backward["test"].src == forward["test"].tgt
     assert backward["test"].tgt == forward["test"].src
 
@@ -309,7 +329,7 @@ def test_real_local_corpus_loads(tmp_path):
     data_dir = SHARED_DATA
     if not data_dir.is_dir():
         pytest.skip(f"the shared offline data ({data_dir}) is absent")
-    corpora = load_corpora(data_config("local", dir=str(data_dir)))
+    corpora = load_corpora(typed.data_config(data_config("local", dir=str(data_dir))))
     assert len(corpora["train"]) > 200_000
     assert len(corpora["valid"]) == 500 and len(corpora["test"]) == 3003
     assert len(corpora["tatoeba"]) == len(corpora["europarl"]) == 1000
@@ -338,7 +358,7 @@ def test_wmt14_unreachable_hub_says_to_use_local_data(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(DataError) as excinfo:
-        load_corpora(data_config("wmt14"))
+        load_corpora(typed.data_config(data_config("wmt14")))
     assert_one_line_error(excinfo, "unreachable", "data=local", "POSENC_DATA")
 
 
@@ -350,7 +370,7 @@ def test_wmt14_other_errors_are_not_hidden(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", broken)
     with pytest.raises(KeyError):
-        load_corpora(data_config("wmt14"))
+        load_corpora(typed.data_config(data_config("wmt14")))
 
 
 def test_wmt14_streams_a_cleaned_training_subset(monkeypatch):
@@ -368,7 +388,7 @@ def test_wmt14_streams_a_cleaned_training_subset(monkeypatch):
         return FakeStream(rows)
 
     monkeypatch.setattr(datasets, "load_dataset", fake)
-    corpora = load_corpora(data_config("wmt14", train_size=20, valid_size=5))
+    corpora = load_corpora(typed.data_config(data_config("wmt14", train_size=20, valid_size=5)))
     assert {k: len(v) for k, v in corpora.items()} == {"train": 20, "valid": 5, "test": 6}
     assert {c[2] for c in calls} == {"train", "validation", "test"}
     assert all(c[:2] == ("wmt14", "fr-en") and c[3] for c in calls)
@@ -377,14 +397,19 @@ def test_wmt14_streams_a_cleaned_training_subset(monkeypatch):
         for s, t in zip(corpora["test"].src, corpora["test"].tgt, strict=True)
     )
     calls.clear()  # evaluation: the same held-out splits, and the training stream is not opened
-    held_out = load_corpora(data_config("wmt14", train_size=20, valid_size=5), with_train=False)
+    held_out = load_corpora(
+        typed.data_config(data_config("wmt14", train_size=20, valid_size=5)), with_train=False
+    )
     assert sorted(held_out) == ["test", "valid"] and {c[2] for c in calls} == {"validation", "test"}
     assert held_out["valid"].src == corpora["valid"].src
 
 
 def test_evaluation_gets_the_same_held_out_splits_without_the_training_split(local_dir):
     cfg = local_config(local_dir, holdout={"inside": {"stem": "corpus/train", "size": 5}})
-    full, held_out = load_corpora(cfg), load_corpora(cfg, with_train=False)
+    full, held_out = (
+        load_corpora(typed.data_config(cfg)),
+        load_corpora(typed.data_config(cfg), with_train=False),
+    )
     assert sorted(held_out) == ["inside", "test", "valid"]
     assert all(held_out[name].src == full[name].src for name in held_out)
 

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from posenc.config import data as typed
 from posenc.data.batching import TokenBatcher, collate
 from posenc.data.corpus import Corpus, DataError
 from posenc.data.splits import load_corpora, read_lines
@@ -47,7 +48,7 @@ def test_control_characters_are_removed_and_counted(tmp_path, caplog):
     src = ["Un\x00 deux\x1b[31m trois", "quatre\tcinq\rsix", "sept\x07", "huit"]
     write(tmp_path, "x", src, ["one", "two", "three", "four"])
     with caplog.at_level(logging.WARNING, logger="posenc.data.splits"):
-        corpora = load_corpora(local_config(tmp_path))
+        corpora = load_corpora(typed.data_config(local_config(tmp_path)))
     assert corpora["test"].src == ["Un deux[31m trois", "quatre cinq six", "sept", "huit"]
     assert f"{tmp_path / 'x.fr'}: removed control characters from 2 lines" in caplog.text
 
@@ -56,12 +57,12 @@ def test_absurdly_long_lines_are_dropped_from_held_out_splits_and_counted(tmp_pa
     long = "mot " * (MAX_LINE_CHARS // 4 + 1)
     write(tmp_path, "x", ["court", long, "aussi court"], ["short", "long", "also short"])
     with caplog.at_level(logging.INFO, logger="posenc.data.splits"):
-        corpora = load_corpora(local_config(tmp_path))
+        corpora = load_corpora(typed.data_config(local_config(tmp_path)))
     assert corpora["test"].src == ["court", "aussi court"]
     assert f"test: dropped 1 pairs with a side over {MAX_LINE_CHARS} characters" in caplog.text
     clean = {"min_words": 1, "max_words": 80, "max_ratio": 3.0, "dedup": True}
     with caplog.at_level(logging.INFO, logger="posenc.data.splits"):
-        cleaned = load_corpora(local_config(tmp_path, clean))
+        cleaned = load_corpora(typed.data_config(local_config(tmp_path, clean)))
     assert sorted(cleaned["train"].src) == ["aussi court", "court"]  # too many words
     assert "1 length" in caplog.text
 
@@ -70,7 +71,7 @@ def test_an_empty_file_is_refused_naming_it(tmp_path):
     write(tmp_path, "x", ["un"], ["one"])
     (tmp_path / "x.en").write_bytes(b"")
     with pytest.raises(DataError, match=f"data file {tmp_path / 'x.en'} is empty"):
-        load_corpora(local_config(tmp_path))
+        load_corpora(typed.data_config(local_config(tmp_path)))
     (tmp_path / "x.en").write_bytes(b"\xef\xbb\xbf")  # a byte-order mark only
     with pytest.raises(DataError, match="is empty"):
         read_lines(tmp_path / "x.en")
@@ -95,7 +96,7 @@ def normalised(line: str) -> str:
 def test_any_text_is_read_back_aligned_and_normalised(tmp_path, pairs):
     write(tmp_path, "x", [s for s, _ in pairs], [t for _, t in pairs])
     try:
-        corpora = load_corpora(local_config(tmp_path))
+        corpora = load_corpora(typed.data_config(local_config(tmp_path)))
     except DataError as err:  # every pair has an empty side: refused in one line
         assert "\n" not in str(err) and "'train'" in str(err)
         return
@@ -189,7 +190,7 @@ def test_batches_cover_each_example_once_within_the_budget_and_shard_evenly(
 def bpe(tmp_path_factory) -> Tokenizer:
     cfg = {"kind": "bpe", "vocab_size": 1100, "min_frequency": 1}
     train = Corpus("train", ["Le chat dort sur le tapis."] * 5, ["The cat sleeps on the mat."] * 5)
-    return build_tokenizer(cfg, train, tmp_path_factory.mktemp("bpe"))
+    return build_tokenizer(typed.tokenizer_config(cfg), train, tmp_path_factory.mktemp("bpe"))
 
 
 @PROPERTY
@@ -216,7 +217,7 @@ def test_any_text_becomes_valid_padded_batches(bpe, pairs, max_tokens):
 def test_every_data_config_reads_as_its_kind(name):
     from conftest import compose
 
-    from posenc.data.config import DATA_KINDS, data_config
+    from posenc.config.data import DATA_KINDS, data_config
 
     node = compose(f"data={name}").data
     assert type(data_config(node)) is DATA_KINDS[node.kind]
@@ -239,13 +240,13 @@ def test_a_data_setting_of_no_kind_or_the_wrong_type_is_refused_in_one_line(
 ):
     cfg = local_config(tmp_path) | change
     with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
-        load_corpora(cfg)
+        load_corpora(typed.data_config(cfg))
 
 
 def test_one_stem_on_the_command_line_and_a_node_saved_before_holdout_drops_read_as_made(
     tmp_path,
 ):
-    from posenc.data.config import data_config
+    from posenc.config.data import data_config
 
     cfg = local_config(tmp_path) | {"train": "x"}
     del cfg["holdout_drops"]  # as runs saved it before training pairs sharing a target went too
@@ -257,7 +258,7 @@ def test_one_stem_on_the_command_line_and_a_node_saved_before_holdout_drops_read
 def test_every_tokenizer_config_reads_as_its_kind(name):
     from conftest import compose
 
-    from posenc.data.config import TOKENIZER_KINDS, tokenizer_config
+    from posenc.config.data import TOKENIZER_KINDS, tokenizer_config
 
     node = compose(f"tokenizer={name}").tokenizer
     assert type(tokenizer_config(node)) is TOKENIZER_KINDS[node.kind]
@@ -288,4 +289,4 @@ def test_every_tokenizer_config_reads_as_its_kind(name):
 )
 def test_a_tokenizer_setting_of_no_kind_or_the_wrong_type_is_refused_in_one_line(node, message):
     with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
-        build_tokenizer(node, Corpus("train", ["a b"], ["c d"]), None)
+        build_tokenizer(typed.tokenizer_config(node), Corpus("train", ["a b"], ["c d"]), None)

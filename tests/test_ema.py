@@ -16,6 +16,7 @@ from torch import nn
 
 from posenc.config import EvalConfig, TrainerConfig, check_types
 from posenc.config.identity import training_identity
+from posenc.config.settings import Settings
 from posenc.evaluation.evaluate import evaluate
 from posenc.evaluation.standalone import compose_run_config
 from posenc.evaluation.standalone import main as evaluate_main
@@ -129,10 +130,10 @@ def test_bad_ema_start_and_eval_weights_are_refused_in_one_line():
 
 def test_training_that_would_score_an_ema_it_does_not_keep_is_refused_before_any_data():
     with pytest.raises(ValueError) as refused:
-        check_config(compose(*TRAIN, "eval.weights=ema"))
+        check_config(Settings.of(compose(*TRAIN, "eval.weights=ema")))
     message = str(refused.value)
     assert "trainer.ema_decay" in message and "\n" not in message
-    check_config(compose(*TRAIN, "eval.weights=ema", EMA))  # with an EMA: fine
+    check_config(Settings.of(compose(*TRAIN, "eval.weights=ema", EMA)))  # with an EMA: fine
 
 
 # --- runs ------------------------------------------------------------------------------------
@@ -205,7 +206,7 @@ def test_eval_weights_ema_scores_the_ema_into_its_own_directory(ema_run, tmp_pat
     assert metrics["splits"]["test"]["loss"] != raw["splits"]["test"]["loss"]
 
     # the same as scoring a model that loaded the EMA state by hand
-    cfg = compose_run_config(ema_run, [])
+    cfg = Settings.of(compose_run_config(ema_run, []))
     tokenizer, model, step, path = load_run_model(ema_run, cfg, "best", torch.device("cpu"))
     model.load_state_dict(checkpoint.load(path)["ema"])
     by_hand = evaluate(cfg, ema_run, tmp_path / "by_hand", (tokenizer, model, step, path))

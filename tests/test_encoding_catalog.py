@@ -26,7 +26,7 @@ from torch import Tensor
 from posenc.analysis import plot_pe
 from posenc.analysis.bench import render
 from posenc.analysis.bench import runner as bench
-from posenc.config import reference_encoding
+from posenc.config import ModelConfig, plain, reference_encoding
 from posenc.model.encodings.base import AttentionCall, AttentionRule, StackEncoding
 from posenc.model.encodings.rotary import RotaryEncoding
 from posenc.model.encodings.rotation import RotaryRule
@@ -180,7 +180,7 @@ def plotted(encoding: type[StackEncoding]) -> dict[str, np.ndarray]:
             "pe": {"name": "fake", "_target_": f"{encoding.__module__}.{encoding.__qualname__}"},
         }
     )
-    model = build_model(cfg, 40, 0, 1, 2)
+    model = build_model(ModelConfig.of(cfg.model), plain(cfg.pe), 40, 0, 1, 2)
     return plot_pe.encoding_view("fake", LENGTH, model).arrays()
 
 

@@ -21,6 +21,8 @@ from conftest import SMOKE, compose, tiny_model
 from omegaconf import OmegaConf
 from torch import Tensor
 
+from posenc.config import data as typed
+from posenc.config.settings import Settings
 from posenc.data.splits import load_corpora
 from posenc.data.tokenizer import load_tokenizer
 from posenc.evaluation.decode import DecodeSettings, decode_sources
@@ -197,7 +199,7 @@ def runs(tmp_path_factory):
 
 def sources(run_dir) -> list[str]:
     data = OmegaConf.load(run_dir / "config.yaml").data
-    return load_corpora(data, with_train=False)["test"].src[:6]
+    return load_corpora(typed.data_config(data), with_train=False)["test"].src[:6]
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -209,10 +211,15 @@ def test_translate_with_two_runs_decodes_their_ensemble(runs, tmp_path, beam):
     args = [f"run_dir={first}", f"run_dir={second}", f"input={source_file}", f"output={output}"]
     translate_main([*args, f"eval.beam_size={beam}"])
     cfg = compose_run_config(first, [f"eval.beam_size={beam}"])
-    loaded = [load_run_model(d, OmegaConf.load(d / "config.yaml"), "best", CPU) for d in runs]
+    configs = [Settings.of(OmegaConf.load(d / "config.yaml")) for d in runs]
+    loaded = [load_run_model(d, c, "best", CPU) for d, c in zip(runs, configs, strict=True)]
     tokenizer, ensemble = loaded[0][0], Ensemble([one[1] for one in loaded])
     ids, _ = decode_sources(
-        ensemble, tokenizer, tokenizer.encode_batch(lines), DecodeSettings.of(cfg), CPU
+        ensemble,
+        tokenizer,
+        tokenizer.encode_batch(lines),
+        DecodeSettings.of(Settings.of(cfg).eval),
+        CPU,
     )
     expected = tokenizer.decode_batch(ids)
     assert output.read_text().splitlines() == [*expected[:2], "", *expected[2:]]

@@ -384,9 +384,8 @@ def refused(tmp_path: Path, *overrides: str) -> str:
     """The one-line message of a run with ``overrides`` whose data cannot even be found (so the
     message proves the settings were checked before any data was read)."""
     cfg = compose(*SMOKE, *overrides)
-    with open_dict(cfg):
-        cfg.data.kind = "local"
-        cfg.data.dir = str(tmp_path / "no-such-dir")
+    with open_dict(cfg):  # local files that do not exist: reading them would fail
+        cfg.data = {"kind": "local", "dir": str(tmp_path / "no-such-dir"), "train": ["x"]}
     assert run(cfg, tmp_path / "run", multirun=True) is None  # a sweep's job records why
     return failure(tmp_path / "run")
 

@@ -14,6 +14,7 @@ from posenc.analysis.guide_sections import (
     summary,
     with_generated_sections,
 )
+from posenc.config import data as typed
 
 SRC = ROOT / "src" / "posenc"
 
@@ -102,7 +103,7 @@ def test_the_guides_preset_row_lists_every_preset():
 def test_the_guides_training_pair_counts_are_what_the_data_gives():
     """One set of facts: the counts the guide states are read from the data by the pipeline a
     run uses (cleaning, then the hold-out rule), under both rules it names."""
-    from posenc.data.config import data_config
+    from posenc.config.data import data_config
     from posenc.data.splits import training_stream
     from posenc.data.streams import Cleaner
 
@@ -113,6 +114,6 @@ def test_the_guides_training_pair_counts_are_what_the_data_gives():
     ):
         data = data_config(compose(*overrides).data)
         cleaner = Cleaner.of(data.clean)
-        for pair in training_stream(data):
+        for pair in training_stream(typed.data_config(data)):
             cleaner.keeps(*pair)
         assert phrase.format(len(cleaner.distinct())) in " ".join(guide.split())

@@ -13,6 +13,7 @@ from conftest import PE_NAMES, ROOT, SMOKE, compose
 from omegaconf import open_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from posenc.config.settings import Settings
 from posenc.evaluation.metrics import corpus_scores
 from posenc.job import run
 from posenc.runtime.sentence_losses import read_losses
@@ -160,9 +161,8 @@ def test_nan_policy_skip_skips_bad_batches(tmp_path, monkeypatch):
 def test_impossible_model_settings_are_refused_before_data_is_read(tmp_path, caplog):
     """A single run refused writes nothing; a sweep's job records why, for its report."""
     cfg = compose(*SMOKE, "model.n_heads=3")
-    with open_dict(cfg):
-        cfg.data.kind = "local"
-        cfg.data.dir = str(tmp_path / "no-such-dir")
+    with open_dict(cfg):  # local files that do not exist: reading them would fail
+        cfg.data = {"kind": "local", "dir": str(tmp_path / "no-such-dir"), "train": ["x"]}
     with pytest.raises(SystemExit):
         run(cfg, tmp_path / "single")
     assert "not divisible" in caplog.text and not (tmp_path / "single").exists()
@@ -245,7 +245,7 @@ def test_max_source_tokens_keeps_only_short_training_sources(tmp_path):
     from posenc.data.pools import PooledBatcher
     from posenc.training.inputs import prepare
 
-    _, data = prepare(compose(*SMOKE), tmp_path)
+    _, data = prepare(Settings.of(compose(*SMOKE)), tmp_path)
     short = PooledBatcher(data.train, 64, max_source_tokens=6)
     sources = [data.train.src[i] for batch in short.batches(0) for i in batch]
     assert sources and max(len(s) for s in sources) <= 6

@@ -25,6 +25,7 @@ from tensorboard.plugins.hparams import (
     metadata,
 )
 
+from posenc.config.settings import Settings
 from posenc.job import _log_hparams
 from posenc.runtime.hparams import (
     EXPERIMENT_DIR,
@@ -238,7 +239,7 @@ def test_a_multirun_job_rewrites_the_sweep_summary_when_it_logs_its_session(tmp_
             "train": {"best_valid_loss": 5.0},
             "splits": {"test": {"bleu": bleu, "chrf": 9.0}},
         }
-        _log_hparams(compose(*SMOKE, f"pe={pe}", f"seed={seed}"), run_dir, metrics)
+        _log_hparams(Settings.of(compose(*SMOKE, f"pe={pe}", f"seed={seed}")), run_dir, metrics)
         run_dir.close()
     infos = {info.name: info for info in TensorBoardView(tmp_path).experiment().hparam_infos}
     assert infos["pe.name"].differs

@@ -13,6 +13,7 @@ from conftest import SMOKE, compose
 
 from posenc.analysis.report.build import build_report
 from posenc.config.metrics import METRICS, SACREBLEU_METRICS, VALIDATION_METRICS, metric
+from posenc.config.settings import Settings
 from posenc.job import run
 from posenc.runtime.hparams import read_sessions
 from posenc.runtime.untrusted import UntrustedFileError, check_metrics
@@ -107,9 +108,9 @@ def test_a_metric_computed_by_a_model_is_its_entry_its_scorer_and_its_settings(
     )
     monkeypatch.setattr(evaluate_module, "MODEL_METRICS", (*MODEL_METRICS, counting))
     cfg = compose(*SMOKE, "pe=nonepe", "trainer.max_steps=2", "eval.comet.batch_size=3")
-    built = evaluate_module.model_scorers(cfg.eval, torch.device("cpu"))
+    built = evaluate_module.model_scorers(Settings.of(cfg).eval, torch.device("cpu"))
     assert [m.name for m, _ in built] == ["bertscore_f1", "comet", "counting"]
     assert built[2][1].settings["batch_size"] == 3  # the settings group its entry names
     run(compose(*SMOKE, "pe=nonepe", "trainer.max_steps=2", "eval.enabled=false"), tmp_path)
-    scores = evaluate_module.evaluate(cfg, tmp_path)["splits"]["test"]
+    scores = evaluate_module.evaluate(Settings.of(cfg), tmp_path)["splits"]["test"]
     assert scores["counting_batch"] == 3 and 0.0 <= scores["counting"] <= 1.0

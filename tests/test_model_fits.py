@@ -15,6 +15,11 @@ from posenc.model.factory import build_model, check_fits
 from posenc.model.seq2seq import Seq2Seq
 
 
+def built(cfg, vocab_size: int) -> Seq2Seq:
+    """``build_model`` of a composed config's model and encoding (pad 0, bos 1, eos 2)."""
+    return build_model(ModelConfig.of(cfg.model), plain(cfg.pe), vocab_size, 0, 1, 2)
+
+
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
@@ -24,7 +29,7 @@ from posenc.model.seq2seq import Seq2Seq
 )
 def test_a_model_larger_than_the_machine_is_refused_before_it_is_allocated(overrides, named):
     with pytest.raises(ValueError, match="more than this machine's") as refused:
-        build_model(compose(*overrides), 8000, 0, 1, 2)
+        built(compose(*overrides), 8000)
     assert named in str(refused.value) and "\n" not in str(refused.value)
 
 
@@ -46,7 +51,7 @@ def test_the_first_build_on_meta_leaves_the_initialisation_as_it_was(pe):
     direct = Seq2Seq(800, 0, 1, 2, ModelConfig.of(cfg.model), encoding_factory(plain(cfg.pe)))
     after_direct = torch.rand(3)
     torch.manual_seed(0)
-    checked = build_model(cfg, 800, 0, 1, 2)
+    checked = built(cfg, 800)
     assert torch.equal(torch.rand(3), after_direct)
     for (name, a), (_, b) in zip(
         direct.state_dict().items(), checked.state_dict().items(), strict=True
@@ -60,11 +65,11 @@ def test_a_wavelength_base_that_makes_no_sense_is_refused_before_training(pe, ba
     """At 0, -1 or NaN training turned NaN at step 1 with the advice to lower the learning
     rate; at infinity it trained without positions."""
     with pytest.raises(ValueError, match=r"pe.base=\S+ must be a finite number above 1"):
-        build_model(compose(f"pe={pe}", f"pe.base={base}"), 800, 0, 1, 2)
+        built(compose(f"pe={pe}", f"pe.base={base}"), 800)
 
 
 def test_a_toy_split_larger_than_memory_holds_is_refused_before_it_is_generated():
-    from posenc.data.config import data_config
+    from posenc.config.data import data_config
 
     with pytest.raises(ValueError, match=r"data.train_size=1000000000000 must be an integer in"):
         data_config(compose("experiment=smoke", "data.train_size=1000000000000").data)

@@ -19,6 +19,7 @@ import torch
 from conftest import SMOKE, compose, tiny_model
 
 from posenc.config import paste
+from posenc.config.settings import Settings
 from posenc.job import run
 from posenc.model.factory import checkpoint_path, load_run_model
 from posenc.runtime import checkpoint
@@ -288,7 +289,7 @@ def test_evaluation_redirects_or_refuses_a_best_pt_that_is_not_the_best_step(tmp
     step_2 = (checkpoints / "best.pt").read_bytes()
     run(compose(*OVERRIDES, "trainer.max_steps=4"), tmp_path)
     (checkpoints / "best.pt").write_bytes(step_2)  # stale, and last.pt is the best step
-    cfg = compose(*OVERRIDES)
+    cfg = Settings.of(compose(*OVERRIDES))
     *_, step, path = load_run_model(tmp_path, cfg, "best", torch.device("cpu"))
     assert (step, path) == (4, checkpoints / "last.pt")
 

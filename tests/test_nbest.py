@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from torch import Tensor
 
 from posenc.config import SAMPLING_KEYS
+from posenc.config import data as typed
 from posenc.data.splits import load_corpora
 from posenc.evaluation.decode import DecodeSettings, decode_nbest, decode_sources
 from posenc.evaluation.standalone import main as evaluate_main
@@ -142,7 +143,7 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sources(trained) -> list[str]:
     data = OmegaConf.load(trained / "config.yaml").data
-    return load_corpora(data, with_train=False)["test"].src[:4]
+    return load_corpora(typed.data_config(data), with_train=False)["test"].src[:4]
 
 
 def translated(args: list[str], lines: list[str], monkeypatch, capsys) -> list[str]:
@@ -247,7 +248,7 @@ def test_a_sampled_evaluation_records_its_settings_and_translates_as_the_command
     own = json.loads((trained / "metrics.json").read_text())["splits"]["test"]
     assert "sampling" not in own
     data = OmegaConf.load(trained / "config.yaml").data
-    sources = load_corpora(data, with_train=False)["test"].src[:12]
+    sources = load_corpora(typed.data_config(data), with_train=False)["test"].src[:12]
     sampled = [one_line(h) for h in (out / "hypotheses.test.txt").read_text().split("\n")[:-1]]
     greedy = (trained / "hypotheses.test.txt").read_text().splitlines()
     assert len(sampled) == 12 and sampled != greedy

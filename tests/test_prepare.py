@@ -16,10 +16,12 @@ from conftest import ROOT, SMOKE, compose, pythonpath, sentences
 
 import posenc.data.prepare as prepare_module
 import posenc.data.streams as streams
+from posenc.config import data as typed
+from posenc.config.settings import Settings
 from posenc.data.corpus import DataError
-from posenc.data.prepare import prepared_store
+from posenc.data.prepare import prepared_store as prepared_from
 from posenc.data.splits import load_corpora
-from posenc.data.store import open_store, prepared, store_key
+from posenc.data.store import open_store, prepared, store_directory, store_key
 from posenc.data.tokenizer import build_tokenizer, load_tokenizer
 from posenc.job import run
 from posenc.training.inputs import encode_pairs
@@ -33,6 +35,14 @@ RELEASE = {
     "training/news-commentary-v9.fr-en": False,
     "giga-fren.release2.fixed": True,
 }
+
+
+def prepared_store(cfg) -> Path:
+    """The store of a composed config's data and tokenizer, prepared as a run prepares it."""
+    settings = Settings.of(cfg)
+    given = settings.composed
+    directory = store_directory(settings.run.cache_dir, given["data"], given["tokenizer"])
+    return prepared_from(settings.data, settings.tokenizer, directory)
 
 
 def write(directory: Path, stem: str, src: list[str], tgt: list[str], compressed: bool) -> None:
@@ -75,11 +85,11 @@ def test_the_store_holds_what_the_in_memory_loader_gives(release, tmp_path, over
     cfg = release_config(release, *overrides)
     directory = prepared_store(cfg)
     store, tokenizer = open_store(directory), load_tokenizer(directory / "tokenizer")
-    train = load_corpora(cfg.data)["train"]
+    train = load_corpora(typed.data_config(cfg.data))["train"]
     src, tgt, _ = encode_pairs(tokenizer, train)
     assert rows(store.src) == src and rows(store.tgt) == tgt
     assert len(store) == len(train) == (50 if overrides else 5 * (40 - 6))
-    expected = build_tokenizer(cfg.tokenizer, train, tmp_path / "bpe")
+    expected = build_tokenizer(typed.tokenizer_config(cfg.tokenizer), train, tmp_path / "bpe")
     assert tokenizer.backend.to_str() == expected.backend.to_str()
     meta = json.loads((directory / "meta.json").read_text())
     assert (meta["pairs_read"], meta["pairs_kept"]) == (200, 170)
@@ -90,7 +100,7 @@ def test_chunks_tokenised_by_worker_processes_are_written_in_order(release, monk
     cfg = release_config(release)
     directory = prepared_store(cfg)
     store, tokenizer = open_store(directory), load_tokenizer(directory / "tokenizer")
-    src, tgt, _ = encode_pairs(tokenizer, load_corpora(cfg.data)["train"])
+    src, tgt, _ = encode_pairs(tokenizer, load_corpora(typed.data_config(cfg.data))["train"])
     assert rows(store.src) == src and rows(store.tgt) == tgt
 
 
@@ -109,7 +119,7 @@ def test_local_data_with_held_out_sets_prepares_the_same_pairs(local_dir):
     tokenizer = load_tokenizer(
         prepared(cfg.cache_dir, store_key(cfg.data, cfg.tokenizer)) / "tokenizer"
     )
-    src, _, _ = encode_pairs(tokenizer, load_corpora(cfg.data)["train"])
+    src, _, _ = encode_pairs(tokenizer, load_corpora(typed.data_config(cfg.data))["train"])
     assert rows(store.src) == src and len(src) == 70 - 5
 
 
@@ -158,10 +168,10 @@ def test_what_a_hard_killed_preparation_left_is_removed_by_the_next(release):
 def test_bpe_learns_from_the_first_train_sentences_pairs_only(release, tmp_path):
     cfg = release_config(release, "+tokenizer.train_sentences=20", "tokenizer.vocab_size=300")
     sampled = load_tokenizer(prepared_store(cfg) / "tokenizer")
-    train = load_corpora(cfg.data)["train"]
+    train = load_corpora(typed.data_config(cfg.data))["train"]
     first = train.subset(range(20))
     cfg_all = release_config(release, "tokenizer.vocab_size=300")
-    expected = build_tokenizer(cfg_all.tokenizer, first, tmp_path / "bpe")
+    expected = build_tokenizer(typed.tokenizer_config(cfg_all.tokenizer), first, tmp_path / "bpe")
     assert sampled.backend.to_str() == expected.backend.to_str()
     for bad in ("0", "true", "1.5"):
         with pytest.raises(
@@ -228,7 +238,7 @@ def test_the_toy_task_prepares_the_pairs_the_loader_gives(tmp_path):
     cfg = compose(*SMOKE)
     directory = prepared_store(cfg)
     src, tgt, _ = encode_pairs(
-        load_tokenizer(directory / "tokenizer"), load_corpora(cfg.data)["train"]
+        load_tokenizer(directory / "tokenizer"), load_corpora(typed.data_config(cfg.data))["train"]
     )
     store = open_store(directory)
     assert rows(store.src) == src and rows(store.tgt) == tgt

@@ -24,6 +24,7 @@ from conftest import ROOT, SMOKE, compose
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_faults import logged_steps, saved_step, wait_for
 
+from posenc.config.settings import Settings
 from posenc.job import run
 from posenc.runtime import checkpoint
 from posenc.runtime.cli import Terminated
@@ -344,7 +345,7 @@ def test_what_set_up_builds_stays_as_built_and_only_the_step_state_changes(tmp_p
     from posenc.runtime.rundir import RunDir
     from posenc.training.setup import set_up
 
-    training = set_up(compose(*OVERRIDES), RunDir(tmp_path / "run"), start=None)
+    training = set_up(Settings.of(compose(*OVERRIDES)), RunDir(tmp_path / "run"), start=None)
     with pytest.raises(FrozenInstanceError):
         training.model = torch.nn.Linear(1, 1)
     assert training.steps.saved_step == training.state.step == 0

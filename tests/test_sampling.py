@@ -273,4 +273,4 @@ def test_the_defaults_are_off_and_leave_evaluations_as_they_were():
 
 
 def decode_settings(settings: dict) -> DecodeSettings:
-    return DecodeSettings.of(OmegaConf.create({"eval": settings, "trainer": {"progress": False}}))
+    return DecodeSettings.of(EvalConfig.of(settings))

@@ -12,6 +12,7 @@ import pytest
 from conftest import SMOKE, compose
 
 import posenc.data.prepare as prepare_module
+from posenc.config import data as typed
 from posenc.data.corpus import DataError
 from posenc.data.store import StoreWriter, current_umask, flatten, open_store, prepared, store_key
 from posenc.data.tokenizer import load_tokenizer
@@ -51,7 +52,7 @@ def test_limits_select_the_rows_and_order_encode_pairs_keeps(tmp_path):
 
     run(compose(*OVERRIDES, "eval.enabled=false"), tmp_path / "run")
     tokenizer = load_tokenizer(tmp_path / "run" / "tokenizer")
-    train = load_corpora(cfg.data)["train"]
+    train = load_corpora(typed.data_config(cfg.data))["train"]
     src, tgt, _ = encode_pairs(tokenizer, train)
     write_store(tmp_path / "store", src, tgt, tokenizer)
     store = open_store(tmp_path / "store")

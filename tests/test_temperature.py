@@ -11,8 +11,9 @@ import torch
 from conftest import tiny_model
 from test_every_encoding import _decode_in_chunks
 
-from posenc.model.encodings.base import AttentionCall, AttentionRule, WrapperRule, rule_hooks
+from posenc.model.encodings.base import AttentionCall, AttentionRule
 from posenc.model.encodings.common import DapeRule
+from posenc.model.encodings.wrapping import WrapperRule, rule_hooks
 from posenc.model.temperature import Temperature, TemperedRule
 
 

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 import posenc.data.bpe as bpe_module
 import posenc.data.tokenizer as tokenizer_module
+from posenc.config import data as typed
 from posenc.data.corpus import Corpus, DataError
 from posenc.data.splits import load_corpora
 from posenc.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer, one_line
@@ -54,7 +55,9 @@ def training_corpus(repeats: int = 20) -> Corpus:
 def bpe(tmp_path_factory) -> Tokenizer:
     """A BPE with the full byte alphabet (vocab_size >= 1024), trained on a small corpus."""
     cache = tmp_path_factory.mktemp("cache")
-    return build_tokenizer(tokenizer_config("bpe", vocab_size=1100), training_corpus(), cache)
+    return build_tokenizer(
+        typed.tokenizer_config(tokenizer_config("bpe", vocab_size=1100)), training_corpus(), cache
+    )
 
 
 def test_bpe_special_tokens_and_vocabulary(bpe):
@@ -101,8 +104,12 @@ def test_small_bpe_keeps_each_toy_symbol_one_token(tmp_path):
     # The smoke preset's settings on the toy data: below 1024 tokens the vocabulary starts from
     # the characters seen in training, so 64 tokens suffice for the 24 symbols.
     data = OmegaConf.load(ROOT / "configs" / "data" / "toy.yaml")
-    train = load_corpora(data)["train"]
-    tok = build_tokenizer(tokenizer_config("bpe", vocab_size=64, min_frequency=1), train, tmp_path)
+    train = load_corpora(typed.data_config(data))["train"]
+    tok = build_tokenizer(
+        typed.tokenizer_config(tokenizer_config("bpe", vocab_size=64, min_frequency=1)),
+        train,
+        tmp_path,
+    )
     assert tok.vocab_size <= 64
     assert [len(tok.encode(toy_word(i))) for i in range(24)] == [1] * 24
     ids = tok.encode_batch(train.src[:50])
@@ -112,7 +119,7 @@ def test_small_bpe_keeps_each_toy_symbol_one_token(tmp_path):
 
 def test_bpe_cache_is_reused_not_retrained(tmp_path, monkeypatch):
     cfg = tokenizer_config("bpe", vocab_size=1100)
-    first = build_tokenizer(cfg, training_corpus(), tmp_path)
+    first = build_tokenizer(typed.tokenizer_config(cfg), training_corpus(), tmp_path)
     stamp = first.path.stat().st_mtime_ns
 
     def no_training(*args, **kwargs):
@@ -120,7 +127,7 @@ def test_bpe_cache_is_reused_not_retrained(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bpe_module, "_train_bpe", no_training)
     shuffled = Corpus("train", FRENCH[::-1] * 20, ENGLISH[::-1] * 20)  # same pairs, other order
-    second = build_tokenizer(cfg, shuffled, tmp_path)
+    second = build_tokenizer(typed.tokenizer_config(cfg), shuffled, tmp_path)
     assert second.path == first.path and second.path.stat().st_mtime_ns == stamp
     assert second.encode(FRENCH[2]) == first.encode(FRENCH[2])
     assert sorted(p.name for p in tmp_path.iterdir()) == [
@@ -129,9 +136,13 @@ def test_bpe_cache_is_reused_not_retrained(tmp_path, monkeypatch):
     ]
     # Other settings or other data: another cache entry.
     with pytest.raises(AssertionError, match="reused"):
-        build_tokenizer(tokenizer_config("bpe", vocab_size=1200), training_corpus(), tmp_path)
+        build_tokenizer(
+            typed.tokenizer_config(tokenizer_config("bpe", vocab_size=1200)),
+            training_corpus(),
+            tmp_path,
+        )
     with pytest.raises(AssertionError, match="reused"):
-        build_tokenizer(cfg, training_corpus(repeats=21), tmp_path)
+        build_tokenizer(typed.tokenizer_config(cfg), training_corpus(repeats=21), tmp_path)
 
 
 def test_concurrent_builds_train_once(tmp_path, monkeypatch):
@@ -147,7 +158,9 @@ def test_concurrent_builds_train_once(tmp_path, monkeypatch):
     built: list[Tokenizer] = []
     threads = [
         threading.Thread(
-            target=lambda: built.append(build_tokenizer(cfg, training_corpus(), tmp_path))
+            target=lambda: built.append(
+                build_tokenizer(typed.tokenizer_config(cfg), training_corpus(), tmp_path)
+            )
         )
         for _ in range(3)
     ]
@@ -186,7 +199,7 @@ def test_load_from_a_directory_without_a_tokenizer_is_refused(tmp_path):
 )
 def test_bad_tokenizer_settings_give_one_line_errors(tmp_path, cfg, part):
     with pytest.raises(DataError) as excinfo:
-        build_tokenizer(cfg, training_corpus(), tmp_path)
+        build_tokenizer(typed.tokenizer_config(cfg), training_corpus(), tmp_path)
     assert "\n" not in str(excinfo.value) and part in str(excinfo.value)
 
 
@@ -201,7 +214,7 @@ needs_vocab = pytest.mark.skipif(
 def mbert() -> Tokenizer:
     """The full vocabulary, as before ``training_types_only`` (see test_vocab_reduction.py)."""
     cfg = tokenizer_config("mbert", vocab_file=str(MBERT_VOCAB), training_types_only=False)
-    return build_tokenizer(cfg, Corpus("train", [], []), Path("unused"))
+    return build_tokenizer(typed.tokenizer_config(cfg), Corpus("train", [], []), Path("unused"))
 
 
 @needs_vocab
@@ -244,7 +257,7 @@ def test_mbert_without_vocabulary_file_and_hub_says_what_to_set(tmp_path, monkey
     monkeypatch.setattr(tokenizer_module.HFTokenizer, "from_pretrained", offline)
     cfg = tokenizer_config("mbert", vocab_file=str(tmp_path / "missing.txt"))
     with pytest.raises(DataError) as excinfo:
-        build_tokenizer(cfg, Corpus("train", [], []), tmp_path)
+        build_tokenizer(typed.tokenizer_config(cfg), Corpus("train", [], []), tmp_path)
     message = str(excinfo.value)
     assert "\n" not in message
     assert "missing.txt" in message and "unreachable" in message and "POSENC_DATA" in message

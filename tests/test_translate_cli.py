@@ -19,6 +19,7 @@ import pytest
 from conftest import ROOT, SMOKE, compose
 from omegaconf import OmegaConf
 
+from posenc.config import data as typed
 from posenc.data.splits import load_corpora
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
@@ -37,7 +38,7 @@ def trained(tmp_path_factory):
 def evaluated_sources(run_dir) -> list[str]:
     """The sentences the run's own evaluation translated into ``hypotheses.test.txt``."""
     data = OmegaConf.load(run_dir / "config.yaml").data
-    return load_corpora(data, with_train=False)["test"].src[:12]
+    return load_corpora(typed.data_config(data), with_train=False)["test"].src[:12]
 
 
 def test_a_file_is_translated_as_the_evaluation_translated_it(trained, tmp_path):

@@ -15,10 +15,12 @@ from conftest import SMOKE, compose
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_run_control import scalars
 
+from posenc.config import data as typed
+from posenc.config.settings import Settings
 from posenc.data.splits import validation_split
 from posenc.data.tokenizer import load_tokenizer
 from posenc.job import run
-from posenc.model.factory import build_model
+from posenc.model.factory import build_model, token_ids
 from posenc.runtime import checkpoint
 from posenc.training.loop import train
 from posenc.training.validation import EXAMPLES, SUBSET_SEED, valid_subset
@@ -45,11 +47,10 @@ def test_each_validation_logs_bleu_and_chrf_of_the_subset_as_evaluation_scores_t
     assert "step 20: valid loss" in caplog.text and "on 16 pairs" in caplog.text
     # the last validation's BLEU, recomputed from the final weights by hand
     tokenizer = load_tokenizer(run_dir / "tokenizer")
-    model = build_model(
-        cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-    )
+    settings = Settings.of(cfg)
+    model = build_model(settings.model, settings.pe, *token_ids(tokenizer))
     model.load_state_dict(checkpoint.load(run_dir / "checkpoints" / "last.pt")["model"])
-    valid = validation_split(cfg.data)
+    valid = validation_split(typed.data_config(settings.data))
     keep = valid_subset(len(valid.src), 16)
     sources = tokenizer.encode_batch([valid.src[i] for i in keep])
     hypotheses = []
@@ -100,7 +101,11 @@ def test_without_valid_bleu_nothing_is_decoded_during_training(tmp_path):
 def test_bad_settings_are_refused_in_one_line_before_training(tmp_path, overrides, scorer, match):
     cfg = compose(*OVERRIDES, *overrides)
     with pytest.raises(ValueError, match=match) as error:
-        train(cfg, tmp_path / "run", scorer=(lambda *a: {"bleu": 0, "chrf": 0}) if scorer else None)
+        train(
+            Settings.of(cfg),
+            tmp_path / "run",
+            scorer=(lambda *a: {"bleu": 0, "chrf": 0}) if scorer else None,
+        )
     assert "\n" not in str(error.value)
     assert not (tmp_path / "run" / "checkpoints").exists()
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 import posenc.data.tokenizer as tokenizer_module
+from posenc.config import data as typed
 from posenc.data.corpus import Corpus, DataError
 from posenc.data.splits import load_corpora
 from posenc.data.tokenizer import (
@@ -64,13 +65,15 @@ def training_corpus() -> Corpus:
 def full(vocab_file) -> WordPieceTokenizer:
     """Today's tokenizer: every WordPiece id."""
     cfg = mbert_config(vocab_file, training_types_only=False)
-    return build_tokenizer(cfg, Corpus("train", [], []), Path("unused"))
+    return build_tokenizer(typed.tokenizer_config(cfg), Corpus("train", [], []), Path("unused"))
 
 
 @pytest.fixture(scope="module")
 def compact(vocab_file, tmp_path_factory) -> WordPieceTokenizer:
     cache = tmp_path_factory.mktemp("cache")
-    return build_tokenizer(mbert_config(vocab_file), training_corpus(), cache)
+    return build_tokenizer(
+        typed.tokenizer_config(mbert_config(vocab_file)), training_corpus(), cache
+    )
 
 
 def training_types(full: WordPieceTokenizer) -> set[int]:
@@ -86,7 +89,7 @@ def test_a_config_without_the_setting_keeps_the_full_vocabulary(vocab_file, full
     # Runs from before the setting lack the key; they resume with ~tokenizer.training_types_only.
     cfg = mbert_config(vocab_file)
     del cfg["training_types_only"]
-    old = build_tokenizer(cfg, training_corpus(), Path("unused"))
+    old = build_tokenizer(typed.tokenizer_config(cfg), training_corpus(), Path("unused"))
     assert old.kept_ids is None and old.vocab_size == len(VOCAB)
     assert old.encode("the dog") == full.encode("the dog")
 
@@ -198,7 +201,7 @@ def test_load_without_the_mapping_file_is_refused(compact, tmp_path):
 
 def test_the_kept_types_are_cached_and_independent_of_pair_order(vocab_file, tmp_path, monkeypatch):
     cfg = mbert_config(vocab_file)
-    first = build_tokenizer(cfg, training_corpus(), tmp_path)
+    first = build_tokenizer(typed.tokenizer_config(cfg), training_corpus(), tmp_path)
     assert first.path.parent == tmp_path and first.path.name.startswith("mbert-types-")
     stamp = first.path.stat().st_mtime_ns
 
@@ -207,11 +210,13 @@ def test_the_kept_types_are_cached_and_independent_of_pair_order(vocab_file, tmp
 
     monkeypatch.setattr(tokenizer_module, "_training_types", no_counting)
     shuffled = Corpus("train", SOURCES[::-1], TARGETS[::-1])
-    second = build_tokenizer(cfg, shuffled, tmp_path)
+    second = build_tokenizer(typed.tokenizer_config(cfg), shuffled, tmp_path)
     assert second.path == first.path and second.path.stat().st_mtime_ns == stamp
     assert second.kept_ids == first.kept_ids
     with pytest.raises(AssertionError, match="reused"):  # other data: another cache entry
-        build_tokenizer(cfg, Corpus("train", SOURCES[:2], TARGETS[:2]), tmp_path)
+        build_tokenizer(
+            typed.tokenizer_config(cfg), Corpus("train", SOURCES[:2], TARGETS[:2]), tmp_path
+        )
 
 
 @pytest.mark.parametrize(
@@ -223,7 +228,9 @@ def test_the_kept_types_are_cached_and_independent_of_pair_order(vocab_file, tmp
 )
 def test_bad_settings_give_one_line_errors(vocab_file, tmp_path, overrides, train, part):
     with pytest.raises(DataError) as excinfo:
-        build_tokenizer(mbert_config(vocab_file, **overrides), train, tmp_path)
+        build_tokenizer(
+            typed.tokenizer_config(mbert_config(vocab_file, **overrides)), train, tmp_path
+        )
     assert "\n" not in str(excinfo.value) and part in str(excinfo.value)
 
 
@@ -243,8 +250,8 @@ def test_the_local_training_mix_keeps_a_fifth_of_mbert(tmp_path):
     cfg = compose(
         "tokenizer=mbert", f"data.dir={SHARED_DATA}", f"tokenizer.vocab_file={MBERT_VOCAB}"
     )
-    train = load_corpora(cfg.data)["train"]
-    tok = build_tokenizer(cfg.tokenizer, train, tmp_path)
+    train = load_corpora(typed.data_config(cfg.data))["train"]
+    tok = build_tokenizer(typed.tokenizer_config(cfg.tokenizer), train, tmp_path)
     assert tok.full_vocab_size == 119_547
     assert tok.vocab_size == LOCAL_MIX_TYPES  # 22.0% of the 119,547
     assert tok.kept_ids[:4] == [0, 100, 101, 102]  # no [unused] type occurs: [PAD] [UNK] ...

@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig
 
 from posenc.config import EvalConfig
+from posenc.config.settings import Settings
 from posenc.data.streams import MAX_LINE_CHARS
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.decode import DecodeSettings, decode_nbest, decode_sources
@@ -49,6 +50,7 @@ class TrainedRun:
     step: int
     checkpoint: Path
     device: torch.device
+    decoding: DecodeSettings
 
     def __repr__(self) -> str:
         return (
@@ -63,7 +65,7 @@ class TrainedRun:
         ``beam_size``; default: the run's ``eval`` settings). With ``nbest`` > 1, each
         sentence's ``nbest`` best ``(score, translation)`` pairs, best first, from a beam at
         least that wide."""
-        settings = DecodeSettings.of(self.config)
+        settings = self.decoding
         if beam_size is not None:
             EvalConfig.settings()["eval.beam_size"].check("beam_size", beam_size)
             settings = replace(settings, beam_size=beam_size)
@@ -111,8 +113,11 @@ def load_run(path: str | Path, *overrides: str) -> TrainedRun:
         (tokenizer, model, step, checkpoint), _ = load_runs([run_dir], [cfg])
     except SystemExit as refused:
         raise RunNotFoundError(_said(refused)) from None
-    device = resolve_device(cfg.device)
-    return TrainedRun(run_dir, cfg, tokenizer, model.to(device).eval(), step, checkpoint, device)
+    settings = Settings.of(cfg)
+    device = resolve_device(settings.run.device)
+    decoding = DecodeSettings.of(settings.eval, settings.trainer.progress)
+    model = model.to(device).eval()
+    return TrainedRun(run_dir, cfg, tokenizer, model, step, checkpoint, device, decoding)
 
 
 def _said(refused: BaseException) -> str:

@@ -26,8 +26,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from posenc.config import TrainerConfig, paste, reported_settings
 from posenc.config.identity import differences, evaluation_identity, training_identity
 from posenc.config.metrics import METRICS, VALIDATION_METRICS
+from posenc.config.settings import Settings
 from posenc.data.corpus import DataError
-from posenc.data.fetch import DataFetchError, use_local_mix
+from posenc.data.fetch import DataFetchError, default_local_dir
 from posenc.evaluation.decode import DecodeSettings, decode_sources
 from posenc.evaluation.evaluate import archive_evaluation, evaluate
 from posenc.evaluation.metrics import corpus_scores
@@ -105,13 +106,12 @@ def hydra_job() -> tuple[Path, bool]:
     return Path(hydra_cfg.runtime.output_dir), hydra_cfg.mode == RunMode.MULTIRUN
 
 
-def finished_metrics(cfg: DictConfig, run_dir: RunDir) -> dict[str, Any] | None:
-    """The metrics of a run in ``run_dir`` that is trained to the budget of ``cfg`` and
+def finished_metrics(trainer: TrainerConfig, run_dir: RunDir) -> dict[str, Any] | None:
+    """The metrics of a run in ``run_dir`` that is trained to the budget of ``trainer`` and
     evaluated at its last step, or None when something is missing or unfinished."""
     metrics, summary = run_dir.metrics(), run_dir.summary()
     if metrics is None or summary is None or not evaluated_after_training(metrics, summary):
         return None
-    trainer = TrainerConfig.of(cfg.trainer)
     spent = trainer.budget_spent(summary.get("steps", 0), summary.get("train_seconds", 0.0))
     stopped = bool(
         summary.get("stopped_early")
@@ -231,32 +231,35 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
 def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | None:
     _absolute_paths(cfg)
     try:
-        use_local_mix(cfg)
+        if (folder := default_local_dir(cfg.data, cfg.cache_dir)) is not None:
+            with open_dict(cfg):  # the run's config records the folder it read
+                cfg.data.dir = folder
     except DataFetchError as err:  # no job can run without the data: nothing is written
         log.error("DataFetchError: %s", err)
         _remove_hydras_start(run_dir)
         sys.exit(1)
     if not multirun:
         try:  # a refused setting of a single run writes nothing (a sweep's job is recorded
-            check_config(cfg)  # below, in failed.json, so that its report lists it)
-            resolve_device(cfg.device)  # a device this machine lacks, likewise
+            check_config(Settings.of(cfg))  # below, in failed.json, so that its report lists
+            resolve_device(cfg.device)  # it); a device this machine lacks, likewise
         except ValueError as err:
             log.error("ValueError: %s", str(err).splitlines()[0] if str(err) else "invalid")
             _remove_hydras_start(run_dir)
             sys.exit(1)
     with ExitStack() as held:
         try:
-            distributed.setup(resolve_device(cfg.device))
+            settings = Settings.of(cfg)  # the door: from here on, typed settings only
+            distributed.setup(resolve_device(settings.run.device))
             if distributed.is_main():
                 saved = claim(cfg, run_dir)
                 run_dir.path.mkdir(parents=True, exist_ok=True)
                 held.enter_context(run_lock(run_dir.path, "training"))
-            start = find_start(cfg, run_dir)  # before anything is written: may be another's
+            start = find_start(settings, run_dir)  # before anything is written: may be another's
             if distributed.is_main():
                 _archive_other_evaluation(cfg, run_dir, saved)
                 OmegaConf.save(cfg, run_dir.config, resolve=True)
                 run_dir.failure_file.unlink(missing_ok=True)
-            return _train_and_evaluate(cfg, run_dir, start)
+            return _train_and_evaluate(settings, run_dir, start)
         except USER_ERRORS as err:
             message = str(err).splitlines()[0] if str(err) else type(err).__name__
             log.error("%s: %s", type(err).__name__, message)
@@ -318,15 +321,15 @@ def _archive_other_evaluation(cfg: DictConfig, run_dir: RunDir, saved: DictConfi
         log.info("evaluated before with %s: that evaluation moved to %s", changed[0], target)
 
 
-def validation_scorer(cfg: DictConfig) -> Scorer:
+def validation_scorer(settings: Settings) -> Scorer:
     """Training's validation BLEU (``trainer.valid_bleu``) as evaluation computes BLEU: greedy
     decoding with the run's ``eval`` decoding settings, detokenised, the sacreBLEU metrics of
     :data:`~posenc.config.metrics.VALIDATION_METRICS`."""
-    settings = dataclasses.replace(DecodeSettings.of(cfg), beam_size=1, progress=False)
+    decoding = dataclasses.replace(DecodeSettings.of(settings.eval), beam_size=1)
 
     def score(model, tokenizer, sources: list[list[int]], references: list[str]) -> dict:
         device = next(model.parameters()).device
-        ids, _ = decode_sources(model, tokenizer, sources, settings, device)
+        ids, _ = decode_sources(model, tokenizer, sources, decoding, device)
         hypotheses = tokenizer.decode_batch(ids)
         scores = corpus_scores(hypotheses, references, VALIDATION_METRICS)
         return scores | {"hypotheses": hypotheses}
@@ -334,28 +337,28 @@ def validation_scorer(cfg: DictConfig) -> Scorer:
     return score
 
 
-def _train_and_evaluate(cfg: DictConfig, run_dir: RunDir, start: Start) -> dict[str, Any] | None:
+def _train_and_evaluate(settings: Settings, run_dir: RunDir, start: Start) -> dict[str, Any] | None:
     """Train from ``start`` to the budget (at once when done), then evaluate unless the
     evaluation at the last step is there; returns the metrics (rank 0)."""
-    done = finished_metrics(cfg, run_dir)
+    done = finished_metrics(settings.trainer, run_dir)
     if done is not None:
         log.info("%s is already trained and evaluated; nothing to do", run_dir.path)
         return done if distributed.is_main() else None
-    summary = train(cfg, run_dir, start, scorer=validation_scorer(cfg))
+    summary = train(settings, run_dir, start, scorer=validation_scorer(settings))
     if not distributed.is_main():
         return None
     metrics = run_dir.metrics()
     if metrics is not None and evaluated_after_training(metrics, summary):
         log.info("%s is already trained and evaluated; nothing to do", run_dir.path)
         return metrics
-    if not cfg.eval.enabled:
+    if not settings.eval.enabled:
         return None
-    metrics = evaluate(cfg, run_dir)
-    _log_hparams(cfg, run_dir, metrics)
+    metrics = evaluate(settings, run_dir)
+    _log_hparams(settings, run_dir, metrics)
     first = next(iter(metrics["splits"].values()), {})
     log.info(
         "done: %s  BLEU %s  chrF %s  -> %s",
-        cfg.pe.name,
+        settings.pe["name"],
         first.get("bleu"),
         first.get("chrf"),
         run_dir.path,
@@ -363,7 +366,7 @@ def _train_and_evaluate(cfg: DictConfig, run_dir: RunDir, start: Start) -> dict[
     return metrics
 
 
-def _log_hparams(cfg: DictConfig, run_dir: RunDir, metrics: dict[str, Any]) -> None:
+def _log_hparams(settings: Settings, run_dir: RunDir, metrics: dict[str, Any]) -> None:
     """The run's session in TensorBoard's HParams tab (its settings, final scores and best
     validation loss); in a multirun, then the sweep's experiment summary at the sweep's root,
     rewritten from every session under it (:mod:`posenc.runtime.hparams`)."""
@@ -382,7 +385,7 @@ def _log_hparams(cfg: DictConfig, run_dir: RunDir, metrics: dict[str, Any]) -> N
     values = {k: float(v) for k, v in values.items() if v is not None}
     step = metrics["step"]
     run_dir.logger(resume_step=step, resume_seconds=1e12).hparams(
-        reported_settings(cfg), values, step
+        reported_settings(settings.composed), values, step
     )
     root = hydra_sweep_root(run_dir.path)
     if root is not None:

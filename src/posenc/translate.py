@@ -33,10 +33,11 @@ import torch
 
 from posenc.config import Setting
 from posenc.config.roles import Role, keys_with
+from posenc.config.settings import Settings
 from posenc.data.streams import MAX_LINE_CHARS
 from posenc.data.tokenizer import Tokenizer
 from posenc.evaluation.decode import DecodeSettings, decode_nbest, decode_sources
-from posenc.evaluation.evaluate import average_last, use_ema
+from posenc.evaluation.evaluate import use_ema
 from posenc.evaluation.standalone import RUN_DIR_HELP, load_runs, run_configs
 from posenc.model.seq2seq import Translator
 from posenc.runtime.checkpoint import CheckpointError
@@ -203,21 +204,22 @@ def _main(args: list[str]) -> None:
     nbest = paths.get("nbest", 1)
     configs = run_configs(paths["run_dir"], overrides)
     cfg = configs[0]
-    settings = DecodeSettings.of(cfg)
+    run = Settings.of(cfg)
+    settings = DecodeSettings.of(run.eval, run.trainer.progress)
     check_nbest(nbest, settings)
     lines = read_lines(paths.get("input"))
     check_lengths(lines)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s", stream=sys.stderr)
     (tokenizer, model, step, checkpoint), members = load_runs(paths["run_dir"], configs)
-    averaged = average_last(cfg)
+    averaged = run.eval.average_last
     weights = checkpoint.name if averaged == 1 else f"the average of the last {averaged}"
-    weights += " (EMA weights)" if use_ema(cfg) else ""
+    weights += " (EMA weights)" if use_ema(run.eval) else ""
     weights += f" (step {step})"
     if len(members) > 1:
         others = ", ".join(f"{m['run']} ({m['checkpoint']}, step {m['step']})" for m in members[1:])
         weights = f"an ensemble of {members[0]['run']}'s {weights} and {others}"
     started = time.perf_counter()
-    device = resolve_device(cfg.device)
+    device = resolve_device(run.run.device)
     translations = translate_lines(lines, tokenizer, model, settings, device, nbest)
     write_lines(translations, paths.get("output"))
     log.info(

@@ -48,6 +48,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from posenc.config.settings import Settings
 from posenc.model.attention import MultiHeadAttention, first_calls
 from posenc.model.encodings.base import AttentionCall, AttentionRule, EncodingModule, StackEncoding
 from posenc.model.factory import build_named_model, load_run_model, select_encodings
@@ -428,10 +429,10 @@ def plot_run(
         UntrustedFileError, DataError, CheckpointError: a file of the run is missing or not
             what posenc writes (one line naming it).
     """
-    cfg = read_config(RunDir(run_dir).config)
-    _, model, step, path = load_run_model(run_dir, cfg, which, torch.device("cpu"))
+    settings = Settings.of(read_config(RunDir(run_dir).config))
+    _, model, step, path = load_run_model(run_dir, settings, which, torch.device("cpu"))
     source = f"trained: {path} (step {step})"
-    view = encoding_view(cfg.pe.name, length, model, 0, source)
+    view = encoding_view(settings.pe["name"], length, model, 0, source)
     return save_view(view, out_dir or run_dir / "plots")
 
 

@@ -394,7 +394,7 @@ class RunSettings(ConfigGroup):
 
 
 #: the typed config groups; ``data`` and ``tokenizer`` are typed by their kind
-#: (:mod:`posenc.data.config`), ``pe`` by its encoding (:mod:`posenc.model.encodings`)
+#: (:mod:`posenc.config.data`), ``pe`` by its encoding (:mod:`posenc.model.encodings`)
 CONFIG_GROUPS: tuple[type[ConfigGroup], ...] = (
     RunSettings,
     ModelConfig,

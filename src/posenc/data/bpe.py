@@ -21,7 +21,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-from posenc.data.config import BpeTokenizer
+from posenc.config.data import BpeTokenizer
 from posenc.data.corpus import Corpus, DataError
 from posenc.data.tokenizer import BPE_SPECIALS, Tokenizer, text_cache_key
 from posenc.runtime.files import write_text

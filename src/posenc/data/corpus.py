@@ -7,11 +7,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from posenc.config.data import DataError
+
 HELD_OUT = ("valid", "test")
-
-
-class DataError(ValueError):
-    """A bad data input or data setting; the message is one line naming the problem and the fix."""
 
 
 @dataclass

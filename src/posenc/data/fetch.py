@@ -23,10 +23,12 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from posenc.config import CONFIG_DIR
 from posenc.data.cleaning import RECIPES, CleaningError
@@ -198,12 +200,17 @@ def local_data_dir() -> Path:
     return Path(named).expanduser() if named else local_mix(default_target().parent)
 
 
-def use_local_mix(cfg: DictConfig) -> None:
-    """Give ``data=local`` without ``data.dir`` (nor ``POSENC_DATA``) the local mix in
-    ``CACHE_DIR/data`` (:func:`local_mix`), so the run's config records the folder it read."""
-    if cfg.data.get("kind") == "local" and not cfg.data.get("dir"):
-        with open_dict(cfg):
-            cfg.data.dir = str(local_mix(cfg.cache_dir))
+def default_local_dir(data: Mapping[str, Any], cache_dir: str) -> str | None:
+    """The folder a ``data`` node of kind ``local`` without ``dir`` (nor ``POSENC_DATA``, which
+    sets it) reads: the local mix in ``CACHE_DIR/data`` (:func:`local_mix`, fetched there unless
+    complete), for the run's config to record; None for any other node.
+
+    Raises:
+        DataFetchError: the mix is missing and cannot be fetched (one line).
+    """
+    if data.get("kind") == "local" and not data.get("dir"):
+        return str(local_mix(cache_dir))
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

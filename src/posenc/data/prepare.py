@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig
 
-from posenc.data.config import data_config
+from posenc.config.data import DataConfig, TokenizerConfig
 from posenc.data.splits import training_stream
-from posenc.data.store import StoreWriter, flatten, prepared, store_key
+from posenc.data.store import StoreWriter, flatten, store_directory
 from posenc.data.streams import Cleaner, sendable_pairs, shuffled_order
 from posenc.data.tokenizer import Tokenizer, build_tokenizer
 from posenc.runtime import distributed
@@ -125,16 +124,17 @@ class Spool:
         return SpooledCorpus(*sides)
 
 
-def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> dict:
-    """Prepare the store ``directory`` for the ``data`` and ``tokenizer`` of ``cfg`` (see the
-    module doc); returns the facts written to its ``meta.json`` (counts and seconds).
+def prepare_store(
+    data: DataConfig, tokenizer: TokenizerConfig, directory: Path, progress: bool = False
+) -> dict:
+    """Prepare the store ``directory`` for ``data`` and ``tokenizer`` (see the module doc);
+    returns the facts written to its ``meta.json`` (counts and seconds).
 
     Raises:
         DataError: bad data or settings (one line, before anything is kept).
     """
     from tqdm import tqdm
 
-    data = data_config(cfg.data)
     clean = data.clean
     started = time.perf_counter()
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -160,11 +160,11 @@ def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> d
         kept = len(rows)
         del rows, order  # 16 bytes a pair, no longer needed
         tokenizing = time.perf_counter()
-        tokenizer = build_tokenizer(cfg.tokenizer, train, None)
+        built = build_tokenizer(tokenizer, train, None)
         train.release()
         tokenised = time.perf_counter()
-        with StoreWriter(directory, tokenizer.vocab_size) as writer:
-            _write_ids(writer, train, tokenizer, progress)
+        with StoreWriter(directory, built.vocab_size) as writer:
+            _write_ids(writer, train, built, progress)
             facts = {
                 "pairs_read": read,
                 "pairs_kept": kept,
@@ -172,7 +172,7 @@ def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> d
                 "seconds_tokenizer": round(tokenised - tokenizing, 1),
                 "seconds_total": round(time.perf_counter() - started, 1),
             }
-            writer.finish(tokenizer, **facts)
+            writer.finish(built, **facts)
     finally:
         shutil.rmtree(spool_dir, ignore_errors=True)
     log.info(
@@ -186,18 +186,19 @@ def prepare_store(cfg: DictConfig, directory: Path, progress: bool = False) -> d
     return facts
 
 
-def prepared_store(cfg: DictConfig, progress: bool = False) -> Path:
-    """The directory of the prepared corpus of ``cfg``'s data and tokenizer, prepared first when
-    there is none (:func:`posenc.data.prepare.prepare_store`, one process at a time). Under
-    torchrun rank 0 prepares while the other ranks wait."""
-    directory = prepared(cfg.cache_dir, store_key(cfg.data, cfg.tokenizer))
+def prepared_store(
+    data: DataConfig, tokenizer: TokenizerConfig, directory: Path, progress: bool = False
+) -> Path:
+    """``directory`` (:func:`~posenc.data.store.store_directory`), the prepared corpus of
+    ``data`` and ``tokenizer``, prepared first when there is none (:func:`prepare_store`, one
+    process at a time). Under torchrun rank 0 prepares while the other ranks wait."""
     if distributed.is_main() and not (directory / "meta.json").is_file():
         from filelock import FileLock
 
         with FileLock(str(directory) + ".lock"):  # one preparation at a time per store
             if not (directory / "meta.json").is_file():
                 _remove_leftovers(directory)
-                prepare_store(cfg, directory, progress)
+                prepare_store(data, tokenizer, directory, progress)
     distributed.barrier()
     return directory
 
@@ -318,10 +319,12 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m posenc.data.prepare [OVERRIDE ...]``: prepare the store ``train.py`` with
     the same overrides would use, print where it is and what it holds."""
     from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
 
     from posenc.config import CONFIG_DIR
+    from posenc.config.settings import Settings
     from posenc.data.corpus import DataError
-    from posenc.data.fetch import use_local_mix
+    from posenc.data.fetch import default_local_dir
     from posenc.runtime.cli import one_line_errors
 
     args = sys.argv[1:] if argv is None else argv
@@ -332,8 +335,14 @@ def main(argv: list[str] | None = None) -> None:
     with one_line_errors("posenc.data.prepare", (DataError, ValueError)):
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("train", overrides=args)
-        use_local_mix(cfg)
-        directory = prepared_store(cfg, progress=True)
+        if (folder := default_local_dir(cfg.data, cfg.cache_dir)) is not None:
+            with open_dict(cfg):
+                cfg.data.dir = folder
+        settings = Settings.of(cfg)
+        directory = store_directory(
+            settings.run.cache_dir, settings.composed["data"], settings.composed["tokenizer"]
+        )
+        prepared_store(settings.data, settings.tokenizer, directory, progress=True)
         meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
         size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
         print(f"{directory}: {meta['rows']:,} training pairs, {size / 2**20:,.1f} MiB")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate
 from pathlib import Path
 
-from posenc.data.config import DataConfig, HubData, LocalData, data_config
+from posenc.config.data import DataConfig, HubData, LocalData
 from posenc.data.corpus import Corpus, DataError, check_extra_names, resolve_path
 from posenc.data.near_duplicates import NearIndex
 from posenc.data.streams import (
@@ -45,9 +45,9 @@ log = logging.getLogger("posenc.data.splits")
 # --------------------------------------------------------------------------------------------
 
 
-def load_corpora(cfg: Mapping | DataConfig, with_train: bool = True) -> dict[str, Corpus]:
-    """All splits described by the ``data`` config node (a DictConfig, a plain dict or its
-    :func:`~posenc.data.config.data_config`).
+def load_corpora(cfg: DataConfig, with_train: bool = True) -> dict[str, Corpus]:
+    """All splits described by the ``data`` settings (typed at the door:
+    :func:`~posenc.config.data.data_config`).
 
     Returns splits by name: ``train``, ``valid``, ``test``, plus one per extra test set (key =
     its name). Training pairs are cleaned with ``cfg.clean`` (the filters of
@@ -59,7 +59,6 @@ def load_corpora(cfg: Mapping | DataConfig, with_train: bool = True) -> dict[str
     without streaming, cleaning or shuffling the training data (local held-out sets are still
     cut out of the training files).
     """
-    cfg = data_config(cfg)
     if isinstance(cfg, LocalData):
         splits = _load_local(cfg, with_train)
     elif isinstance(cfg, HubData):
@@ -71,10 +70,9 @@ def load_corpora(cfg: Mapping | DataConfig, with_train: bool = True) -> dict[str
     return _prepare(splits, cfg)
 
 
-def validation_split(cfg: Mapping | DataConfig) -> Corpus:
+def validation_split(cfg: DataConfig) -> Corpus:
     """The ``valid`` split alone, as :func:`load_corpora` gives it (training needs nothing else
     besides its prepared corpus); local data reads its file only."""
-    cfg = data_config(cfg)
     if not isinstance(cfg, LocalData):
         return load_corpora(cfg, with_train=False)["valid"]
     directory, _, _ = _local_files(cfg)
@@ -92,15 +90,14 @@ def carve(
     return carve_holdout(read, stems, cfg.holdout or {}, cfg.seed, cfg.holdout_drops)
 
 
-def shared_with_training(cfg: Mapping | LocalData, near: bool = False) -> dict[str, list[bool]]:
-    """For each held-out set of a local ``data`` node, in the set's order, whether its pair
+def shared_with_training(cfg: DataConfig, near: bool = False) -> dict[str, list[bool]]:
+    """For each held-out set of local ``data``, in the set's order, whether its pair
     shares a source or a target with a training pair of that node (those its holdout rule
     keeps, before cleaning: a superset of the pairs trained on); with ``near``, whether its
     source or target is within one word of the same side of a pair of the training stems that
     is not held out, whatever ``holdout_drops`` drops (:mod:`posenc.data.near_duplicates`), so
     every run of the same held-out sets has the same near-clean part. Under ``holdout_drops:
     [source, target]`` none is shared; runs made before that rule left many."""
-    cfg = data_config(cfg)
     if not isinstance(cfg, LocalData):
         raise DataError(f"data.kind {cfg.kind!r} has no held-out sets; use local data")
     _, stems, read = _local_files(cfg)
@@ -132,11 +129,10 @@ def shared_with_training(cfg: Mapping | LocalData, near: bool = False) -> dict[s
     }
 
 
-def training_stream(cfg: Mapping | DataConfig) -> Iterator[tuple[str, str]]:
-    """The training pairs of the ``data`` node as they are read, before cleaning, shuffling and
+def training_stream(cfg: DataConfig) -> Iterator[tuple[str, str]]:
+    """The training pairs of ``data`` as they are read, before cleaning, shuffling and
     ``train_size`` (:func:`posenc.data.prepare.prepare_store` does those), one at a time: local
     files without their held-out pairs, WMT14 from the hub, or the toy task."""
-    cfg = data_config(cfg)
     if isinstance(cfg, LocalData):
         _, stems, read = _local_files(cfg)
         carving = carve(read, stems, cfg)

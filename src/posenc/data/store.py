@@ -314,3 +314,9 @@ def current_umask() -> int:
 def prepared(root: Path, key: str) -> Path:
     """Where the store named ``key`` lives under the cache directory ``root``."""
     return Path(root).expanduser() / "stores" / key
+
+
+def store_directory(root: str | Path, data: Mapping, tokenizer: Mapping) -> Path:
+    """Where the store of the ``data`` and ``tokenizer`` config nodes, as a run's config gives
+    them (:func:`store_key`), lives under the cache directory ``root``."""
+    return prepared(Path(root), store_key(data, tokenizer))

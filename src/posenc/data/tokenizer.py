@@ -30,7 +30,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from posenc.data.config import BpeTokenizer, MbertTokenizer, TokenizerConfig, tokenizer_config
+from posenc.config.data import BpeTokenizer, MbertTokenizer, TokenizerConfig
 from posenc.data.corpus import Corpus, DataError, resolve_path
 from posenc.data.splits import hub_unreachable
 from posenc.runtime import untrusted
@@ -293,10 +293,9 @@ def load_tokenizer(directory: Path) -> Tokenizer:
     return WordPieceTokenizer(backend, "mbert", meta["name"], meta["specials"], kept)
 
 
-def build_tokenizer(
-    cfg: Mapping | TokenizerConfig, train: Corpus, cache_dir: Path | None
-) -> Tokenizer:
-    """The tokenizer described by the ``tokenizer`` config node.
+def build_tokenizer(cfg: TokenizerConfig, train: Corpus, cache_dir: Path | None) -> Tokenizer:
+    """The tokenizer the ``tokenizer`` settings describe (typed at the door:
+    :func:`~posenc.config.data.tokenizer_config`).
 
     ``kind: bpe`` trains a joint BPE on both sides of ``train`` (:mod:`posenc.data.bpe`; or
     reuses the one cached in ``cache_dir`` under a hash of the data and the settings);
@@ -308,7 +307,6 @@ def build_tokenizer(
     prepared corpus keeps its tokenizer itself). ``train`` may be any object with ``src`` and
     ``tgt`` sequences and a length (a prepared corpus's spool).
     """
-    cfg = tokenizer_config(cfg)
     cache = None if cache_dir is None else Path(cache_dir).expanduser()
     if isinstance(cfg, BpeTokenizer):
         from posenc.data.bpe import build_bpe  # bpe builds on this module's Tokenizer

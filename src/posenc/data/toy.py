@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
 
-from posenc.data.config import ToyData, data_config
+from posenc.config.data import DataConfig, ToyData
 from posenc.data.corpus import Corpus, DataError, check_extra_names
 
 TOY_TASKS = ("reverse", "rotate")
@@ -30,14 +29,13 @@ def _toy_target(symbols: list[str], task: str, shift: int) -> list[str]:
     return symbols[k:] + symbols[:k]
 
 
-def load_toy(cfg: Mapping | ToyData, with_train: bool = True) -> dict[str, Corpus]:
+def load_toy(cfg: DataConfig, with_train: bool = True) -> dict[str, Corpus]:
     """Seeded symbol sequences and their reversal/rotation (see ``configs/data/toy.yaml``).
 
     Held-out sets are drawn first; training sequences equal to a held-out source are redrawn,
     so every held-out source is unseen in training (drawing them is cheap, so ``with_train``
     changes nothing here).
     """
-    cfg = data_config(cfg)
     if not isinstance(cfg, ToyData):
         raise DataError(f"data.kind is {cfg.kind!r}; the toy task needs data.kind=toy")
     task = cfg.task

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from posenc.config.settings import Settings
 from posenc.data.corpus import Corpus, DataError
 from posenc.data.splits import load_corpora
 from posenc.evaluation.evaluate import evaluated_part, scored_losses
@@ -74,31 +75,32 @@ def backfill(
         )
     standalone = files.eval_config.is_file()
     run = results.parent.parent if standalone else results
-    cfg = OmegaConf.load(files.eval_config if standalone else files.config)
+    settings = Settings.of(OmegaConf.load(files.eval_config if standalone else files.config))
     which = Path(str(metrics.get("checkpoint", ""))).stem
-    tokenizer, model, step, _ = load_run_model(run, cfg, which, device)
+    tokenizer, model, step, _ = load_run_model(run, settings, which, device)
     if step != metrics.get("step"):
         raise BackfillError(
             f"{results}: {which}.pt is at step {step}, its evaluation at step "
             f"{metrics.get('step')}; evaluate the run again instead"
         )
-    data = OmegaConf.to_yaml(cfg.data)
+    data = json.dumps(settings.composed["data"], sort_keys=True, default=str)
     cache = {} if corpora is None else corpora
     if data not in cache:
-        cache[data] = load_corpora(cfg.data, with_train=False)
+        cache[data] = load_corpora(settings.data, with_train=False)
     held_out = cache[data]
     encoded: dict[str, tuple[list[list[int]], list[list[int]]]] = {}
     for key in wanted:
         split, name, recorded = scored[key]
         if split not in encoded:
-            corpus = evaluated_part(held_out[split], cfg.eval)
+            corpus = evaluated_part(held_out[split], settings.eval)
             encoded[split] = tokenizer.encode_batch(corpus.src), tokenizer.encode_batch(corpus.tgt)
         scorer = (
             model
             if name is None
-            else variant_model(cfg, cfg.eval.pe_variants[name], model, tokenizer, device)
+            else variant_model(settings, settings.eval.pe_variants[name], model, tokenizer, device)
         )
-        losses = scored_losses(scorer, tokenizer, *encoded[split], cfg.eval, device)
+        batch_tokens = settings.eval.batch_tokens
+        losses = scored_losses(scorer, tokenizer, *encoded[split], batch_tokens, device)
         sentences = len(losses.nll)
         if (
             sentences != recorded.get("sentences")

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor
 from tqdm import tqdm
 
@@ -41,9 +40,9 @@ class DecodeSettings:
     sampling: Sampling | None = None
 
     @classmethod
-    def of(cls, cfg: DictConfig) -> DecodeSettings:
-        """The settings of a run's config (its ``eval`` group and ``trainer.progress``)."""
-        settings = EvalConfig.of(cfg.eval)
+    def of(cls, settings: EvalConfig, progress: bool = False) -> DecodeSettings:
+        """The settings of a run's ``eval`` group, a progress bar with ``progress``
+        (``trainer.progress``)."""
         sampling = None
         if settings.sampling:
             sampling = Sampling(
@@ -59,7 +58,7 @@ class DecodeSettings:
             use_cache=settings.use_cache,
             beam_size=settings.beam_size,
             lenpen=settings.lenpen,
-            progress=bool(cfg.trainer.progress),
+            progress=progress,
             sampling=sampling,
         )
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -30,9 +30,11 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
+from posenc.config import EvalConfig
 from posenc.config.metrics import MODEL_METRICS, Metric
+from posenc.config.settings import Settings
 from posenc.data.corpus import Corpus
 from posenc.data.splits import eval_splits, load_corpora
 from posenc.data.tokenizer import Tokenizer
@@ -52,11 +54,11 @@ from posenc.training.losses import sentence_losses
 log = logging.getLogger("posenc.evaluation.evaluate")
 
 
-def evaluated_part(corpus: Corpus, eval_cfg: DictConfig) -> Corpus:
+def evaluated_part(corpus: Corpus, settings: EvalConfig) -> Corpus:
     """The pairs of ``corpus`` an evaluation scores: all, or the first ``eval.max_sentences``."""
-    if not eval_cfg.max_sentences:
+    if not settings.max_sentences:
         return corpus
-    limit = eval_cfg.max_sentences
+    limit = settings.max_sentences
     return Corpus(corpus.name, corpus.src[:limit], corpus.tgt[:limit])
 
 
@@ -65,11 +67,11 @@ def scored_losses(
     tokenizer: Tokenizer,
     sources: list[list[int]],
     targets: list[list[int]],
-    eval_cfg: DictConfig,
+    batch_tokens: int,
     device: torch.device,
 ) -> SentenceLosses:
     """Each pair's teacher-forced loss as an evaluation keeps it (source lengths incl. EOS)."""
-    nll, counts = sentence_losses(model, tokenizer, sources, targets, eval_cfg.batch_tokens, device)
+    nll, counts = sentence_losses(model, tokenizer, sources, targets, batch_tokens, device)
     return SentenceLosses([len(s) + 1 for s in sources], nll, counts)
 
 
@@ -82,7 +84,7 @@ class ModelScorer(Protocol):
         """The metric's keys of one split's ``metrics.json``."""
 
 
-def model_scorers(eval_cfg: DictConfig, device: torch.device) -> list[tuple[Metric, ModelScorer]]:
+def model_scorers(settings: EvalConfig, device: torch.device) -> list[tuple[Metric, ModelScorer]]:
     """Each metric a model computes with its scorer, built from its ``eval`` settings group
     (:data:`~posenc.config.metrics.MODEL_METRICS`; the scorer class imported here, so an
     evaluation that scores none loads none)."""
@@ -90,8 +92,8 @@ def model_scorers(eval_cfg: DictConfig, device: torch.device) -> list[tuple[Metr
     for metric in MODEL_METRICS:
         module, _, name = metric.scorer.partition(":")  # type: ignore[union-attr]
         scorer_class = getattr(importlib.import_module(module), name)
-        settings = eval_cfg.get(metric.settings) or {}
-        found.append((metric, scorer_class.of(settings, device)))
+        group = getattr(settings, metric.settings) or {}  # type: ignore[arg-type]
+        found.append((metric, scorer_class.of(group, device)))
     return found
 
 
@@ -99,7 +101,7 @@ def evaluate_split(
     model: Seq2Seq,
     tokenizer: Tokenizer,
     corpus: Corpus,
-    eval_cfg: DictConfig,
+    settings: EvalConfig,
     decoding: DecodeSettings,
     scorers: Sequence[tuple[Metric, ModelScorer]],
     device: torch.device,
@@ -109,7 +111,7 @@ def evaluate_split(
     """Decode (as ``decoding`` says) and score one split; writes its hypothesis and reference
     files into ``out_dir``."""
     started = time.perf_counter()
-    corpus = evaluated_part(corpus, eval_cfg)
+    corpus = evaluated_part(corpus, settings)
     log.info("%s: decoding %d sentences", split, len(corpus.src))
     sources = tokenizer.encode_batch(corpus.src)
     targets = tokenizer.encode_batch(corpus.tgt)
@@ -119,7 +121,7 @@ def evaluate_split(
     write_text(RunDir(out_dir).references(split), "\n".join(corpus.tgt) + "\n")
     phases = {"decoding": seconds}
     with _timed(phases, "loss"):
-        losses = scored_losses(model, tokenizer, sources, targets, eval_cfg, device)
+        losses = scored_losses(model, tokenizer, sources, targets, settings.batch_tokens, device)
     write_losses(losses_file(out_dir, split), losses)
     generated = sum(len(row) + 1 for row in ids)
     with _timed(phases, "BLEU/chrF"):
@@ -144,7 +146,7 @@ def evaluate_split(
         **({"sampling": asdict(decoding.sampling)} if decoding.sampling else {}),
         "empty_hypotheses": sum(not h.strip() for h in hypotheses),
         "buckets": length_buckets(
-            list(eval_cfg.length_buckets),
+            list(settings.length_buckets),
             losses.source_tokens,
             hypotheses,
             corpus.tgt,
@@ -187,24 +189,18 @@ def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
         phases[name] = phases.get(name, 0.0) + time.perf_counter() - started
 
 
-def average_last(cfg: DictConfig) -> int:
-    """How many step checkpoints evaluation averages (``eval.average_last``; 1, no averaging,
-    for a run saved before the setting existed)."""
-    return int(cfg.eval.get("average_last", 1))
-
-
-def use_ema(cfg: DictConfig) -> bool:
+def use_ema(settings: EvalConfig) -> bool:
     """Whether evaluation scores the EMA of the weights (``eval.weights=ema``) rather than the
     weights themselves (``raw``, or null: a run saved before the setting existed)."""
-    return cfg.eval.get("weights") == "ema"
+    return settings.weights == "ema"
 
 
-def kept_for_averaging(cfg: DictConfig, run_dir: RunDir) -> int:
+def kept_for_averaging(settings: EvalConfig, run_dir: RunDir) -> int:
     """What the run's own evaluation after training averages: ``eval.average_last`` step
     checkpoints, or all the run kept when it validated fewer times (with a warning; below two,
     the ``eval.checkpoint`` one), so that a trained run does not fail for want of validations.
     Standalone evaluation asks for exactly ``eval.average_last`` instead."""
-    wanted = average_last(cfg)
+    wanted = settings.average_last
     kept = len(step_checkpoints(run_dir.checkpoints)) if wanted > 1 else wanted
     if kept < wanted:
         log.warning(
@@ -212,13 +208,13 @@ def kept_for_averaging(cfg: DictConfig, run_dir: RunDir) -> int:
             "often (trainer.valid_every) to average %d",
             wanted,
             kept,
-            f"averaging those {kept}" if kept > 1 else f"evaluating {cfg.eval.checkpoint}.pt",
+            f"averaging those {kept}" if kept > 1 else f"evaluating {settings.checkpoint}.pt",
             wanted,
         )
     return max(min(kept, wanted), 1)
 
 
-def archive_evaluation(run_dir: RunDir, config: DictConfig) -> Path:
+def archive_evaluation(run_dir: RunDir, config: Mapping[str, Any]) -> Path:
     """Move the run's own evaluation into a new ``RUN/evals/step=N/`` (``step=N.2``, ... when
     taken), with ``config``, the settings it was made with, as ``eval_config.yaml`` beside it,
     so that a new evaluation replaces nothing; returns where it went."""
@@ -232,44 +228,45 @@ def archive_evaluation(run_dir: RunDir, config: DictConfig) -> Path:
     for pattern in EVALUATION_FILES:
         for path in run_dir.path.glob(pattern):
             path.replace(target / path.name)
-    OmegaConf.save(config, RunDir(target).eval_config, resolve=True)
+    OmegaConf.save(OmegaConf.create(dict(config)), RunDir(target).eval_config, resolve=True)
     return target
 
 
 def evaluate(
-    cfg: DictConfig,
+    settings: Settings,
     run_dir: Path | RunDir,
     out_dir: Path | None = None,
     loaded: tuple | None = None,
     about: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``run_dir`` on ``cfg.eval.splits``; writes ``metrics.json`` and the other
+    """Evaluate ``run_dir`` on ``eval.splits``; writes ``metrics.json`` and the other
     files into ``out_dir`` (default: the run directory, whose earlier evaluation of another step
     is archived first) and returns the metrics. ``loaded`` is :func:`load_run_model`'s answer
     when the caller has it already (its model may be an :class:`~posenc.model.ensemble.Ensemble`,
     which has no attention map of its own), and ``about`` goes into the metrics as it is. The
-    model decodes on the device it sits on: ``cfg.device`` for the one loaded here."""
+    model decodes on the device it sits on: ``run.device`` for the one loaded here."""
     run_dir = as_run_dir(run_dir)
-    own = out_dir is None
-    averaged_count = kept_for_averaging(cfg, run_dir) if own else average_last(cfg)
+    own, wanted = out_dir is None, settings.eval
+    averaged_count = kept_for_averaging(wanted, run_dir) if own else wanted.average_last
     if loaded is None:
-        device = resolve_device(cfg.device)
+        device = resolve_device(settings.run.device)
         loaded = load_run_model(
-            run_dir.path, cfg, cfg.eval.checkpoint, device, averaged_count, use_ema(cfg)
+            run_dir.path, settings, wanted.checkpoint, device, averaged_count, use_ema(wanted)
         )
     tokenizer, model, step, path = loaded
     if own:
-        _archive_other_step(run_dir, cfg, step)
+        _archive_other_step(run_dir, settings.composed, step)
     out_dir = run_dir.path if own else out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    corpora = load_corpora(cfg.data, with_train=False)
-    splits = eval_splits(cfg.eval.splits, corpora)
-    metrics = _header(cfg, run_dir, path, step, averaged_count, about)
-    metrics.update(_scored(cfg, model, tokenizer, corpora, splits, out_dir))
+    corpora = load_corpora(settings.data, with_train=False)
+    splits = eval_splits(wanted.splits, corpora)
+    metrics = _header(settings, run_dir, path, step, averaged_count, about)
+    metrics.update(_scored(settings, model, tokenizer, corpora, splits, out_dir))
     if isinstance(model, Seq2Seq):
         log_to = run_dir if own else None
+        title = f"{settings.pe['name']}: layer-0 attention"
         _save_attention_example(
-            model, tokenizer, corpora[splits[0]], cfg, out_dir, model_device(model), step, log_to
+            model, tokenizer, corpora[splits[0]], title, out_dir, model_device(model), step, log_to
         )
     if (summary := run_dir.summary()) is not None:
         metrics["train"] = summary
@@ -278,7 +275,7 @@ def evaluate(
 
 
 def _header(
-    cfg: DictConfig,
+    settings: Settings,
     run_dir: RunDir,
     path: Path,
     step: int,
@@ -289,7 +286,7 @@ def _header(
     fill, ``about`` as it is, the checkpoints averaged (``averaged``) or the EMA weights
     (``weights``)."""
     header: dict[str, Any] = {
-        "pe": cfg.pe.name,
+        "pe": settings.pe["name"],
         "checkpoint": str(path.name),
         "step": step,
         "splits": {},
@@ -298,7 +295,7 @@ def _header(
     if averaged_count > 1:
         averaged = last_step_checkpoints(run_dir.checkpoints, averaged_count)
         header["averaged"] = [checkpoint.name for checkpoint in averaged]
-    if use_ema(cfg):
+    if use_ema(settings.eval):
         header["weights"] = "ema"
     return header
 
@@ -308,17 +305,17 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _archive_other_step(run_dir: RunDir, cfg: DictConfig, step: int) -> None:
-    """Move the run's own evaluation aside (:func:`archive_evaluation`) when it evaluated
-    another step than ``step``."""
+def _archive_other_step(run_dir: RunDir, composed: Mapping[str, Any], step: int) -> None:
+    """Move the run's own evaluation aside (:func:`archive_evaluation`, with the ``composed``
+    config) when it evaluated another step than ``step``."""
     earlier = run_dir.metrics()
     if earlier is not None and earlier.get("step") != step:
-        target = archive_evaluation(run_dir, cfg)
+        target = archive_evaluation(run_dir, composed)
         log.info("the evaluation at step %s moved to %s", earlier.get("step"), target)
 
 
 def _scored(
-    cfg: DictConfig,
+    settings: Settings,
     model: torch.nn.Module,
     tokenizer: Tokenizer,
     corpora: dict[str, Corpus],
@@ -328,8 +325,8 @@ def _scored(
     """``{"splits": {split: scores}}`` of the model on each split, and ``"variants"``: the same
     for each test-time variant of ``eval.pe_variants``; their files written into ``out_dir``."""
     device = model_device(model)
-    decoding = DecodeSettings.of(cfg)
-    scorers = model_scorers(cfg.eval, device)
+    decoding = DecodeSettings.of(settings.eval, settings.trainer.progress)
+    scorers = model_scorers(settings.eval, device)
 
     def scores(scored_model: torch.nn.Module, suffix: str = "") -> dict[str, Any]:
         return {
@@ -337,7 +334,7 @@ def _scored(
                 scored_model,
                 tokenizer,
                 corpora[split],
-                cfg.eval,
+                settings.eval,
                 decoding,
                 scorers,
                 device,
@@ -348,13 +345,13 @@ def _scored(
         }
 
     found: dict[str, Any] = {"splits": scores(model)}
-    variants = cfg.eval.get("pe_variants") or {}
+    variants = settings.eval.pe_variants or {}
     if variants:
         found["variants"] = {
             name: {
                 "pe": dict(overrides),
                 "splits": scores(
-                    variant_model(cfg, overrides, model, tokenizer, device), f".{name}"
+                    variant_model(settings, overrides, model, tokenizer, device), f".{name}"
                 ),
             }
             for name, overrides in variants.items()
@@ -366,20 +363,21 @@ def _save_attention_example(
     model,
     tokenizer,
     corpus: Corpus,
-    cfg: DictConfig,
+    title: str,
     out_dir: Path,
     device: torch.device,
     step: int,
     log_to: RunDir | None,
 ) -> None:
     """Layer-0 attention of the first sentence pair of ``corpus`` -> npz and PNG in
-    ``out_dir``; also to the TensorBoard of run ``log_to`` when given."""
+    ``out_dir`` (``title``, then the source's first 60 characters); also to the TensorBoard of
+    run ``log_to`` when given."""
     maps = example_attention(model, tokenizer, corpus.src[0], corpus.tgt[0], device)
     with replacing(RunDir(out_dir).attention("npz"), "wb") as handle:
         np.savez_compressed(handle, **maps)
     image = plot_attention(
         maps,
-        f"{cfg.pe.name}: layer-0 attention on '{corpus.src[0][:60]}'",
+        f"{title} on '{corpus.src[0][:60]}'",
         RunDir(out_dir).attention("png"),
     )
     if log_to is not None:

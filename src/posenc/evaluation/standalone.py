@@ -38,8 +38,9 @@ from posenc.config.identity import (
     identity,
     training_identity,
 )
+from posenc.config.settings import Settings
 from posenc.data.tokenizer import load_tokenizer
-from posenc.evaluation.evaluate import average_last, evaluate, use_ema
+from posenc.evaluation.evaluate import evaluate, use_ema
 from posenc.model.ensemble import Ensemble, check_same_vocabulary
 from posenc.model.factory import checkpoint_path, load_run_model
 from posenc.runtime import untrusted
@@ -199,13 +200,14 @@ def load_checked(run_dir: Path, cfg: DictConfig) -> tuple:
     """:func:`load_run_model` at the checkpoint ``eval.checkpoint`` names, or averaged over the
     last ``eval.average_last`` step checkpoints, their EMA weights with ``eval.weights=ema``;
     SystemExit (one line) when they are missing or unreadable, or hold no EMA."""
-    averaged_count = average_last(cfg)
-    if averaged_count == 1:
-        existing_checkpoint(run_dir, cfg.eval.checkpoint)
-    device = resolve_device(cfg.device)
+    settings = Settings.of(cfg)
+    wanted = settings.eval
+    if wanted.average_last == 1:
+        existing_checkpoint(run_dir, wanted.checkpoint)
+    device = resolve_device(settings.run.device)
     try:
         return load_run_model(
-            run_dir, cfg, cfg.eval.checkpoint, device, averaged_count, use_ema(cfg)
+            run_dir, settings, wanted.checkpoint, device, wanted.average_last, use_ema(wanted)
         )
     except CheckpointError as err:
         raise SystemExit(str(err)) from None
@@ -260,7 +262,7 @@ def evaluate_into(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = temporary_folder(out_dir.parent, f".{out_dir.name[:100]}.")
     try:
-        metrics = evaluate(cfg, run_dir, work, loaded, about)
+        metrics = evaluate(Settings.of(cfg), run_dir, work, loaded, about)
         OmegaConf.save(cfg, RunDir(work).eval_config)
         if out_dir.exists():  # an earlier attempt's failed.json, nothing else
             shutil.rmtree(out_dir)

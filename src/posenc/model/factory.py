@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from posenc.config import CONFIG_DIR, ModelConfig, plain, reference_encoding
 from posenc.config.identity import differences
+from posenc.config.settings import Settings
 from posenc.config.variants import encoding_config, known_encodings
 from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.model.encodings import encoding_factory
@@ -51,16 +52,16 @@ def model_config(
     model: str = "small",
     config_dir: Path = CONFIG_DIR,
     options: Mapping[str, Any] | None = None,
-) -> DictConfig:
-    """``{model: configs/model/MODEL.yaml, pe: encoding_config(PE)}`` as one OmegaConf node,
-    with ``options`` (``{"pe.KEY": value}``, as :func:`parse_variant` gives) applied."""
+) -> dict[str, Any]:
+    """``{model: configs/model/MODEL.yaml, pe: encoding_config(PE)}`` as plain data, with
+    ``options`` (``{"pe.KEY": value}``, as :func:`parse_variant` gives) applied."""
     path = config_dir / "model" / f"{model}.yaml"
     if not path.exists():
         raise ValueError(f"no model config {path}")
     cfg = OmegaConf.create({"model": OmegaConf.load(path), "pe": encoding_config(pe, config_dir)})
     for key, value in (options or {}).items():
         OmegaConf.update(cfg, key, value)
-    return cfg
+    return plain(cfg)
 
 
 def build_named_model(
@@ -75,15 +76,22 @@ def build_named_model(
     training code's own ``build_model``."""
     torch.manual_seed(seed)
     cfg = model_config(pe, model, options=options)
-    return build_model(cfg, vocab_size, PAD_ID, BOS_ID, EOS_ID)
+    return build_model(ModelConfig.of(cfg["model"]), cfg["pe"], vocab_size, PAD_ID, BOS_ID, EOS_ID)
 
 
-def build_model(cfg: DictConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> Seq2Seq:
-    """The Seq2Seq of ``cfg.model`` (checked by :class:`ModelConfig`) with encoding ``cfg.pe``,
-    once :func:`check_fits` has found that it fits in this machine's memory."""
-    model_cfg, factory = ModelConfig.of(cfg.model), encoding_factory(plain(cfg.pe))
-    check_fits(lambda: Seq2Seq(vocab_size, pad_id, bos_id, eos_id, model_cfg, factory))
-    return Seq2Seq(vocab_size, pad_id, bos_id, eos_id, model_cfg, factory)
+def build_model(
+    model: ModelConfig,
+    pe: Mapping[str, Any],
+    vocab_size: int,
+    pad_id: int,
+    bos_id: int,
+    eos_id: int,
+) -> Seq2Seq:
+    """The Seq2Seq of ``model`` with the encoding of the ``pe`` settings, once
+    :func:`check_fits` has found that it fits in this machine's memory."""
+    factory = encoding_factory(dict(pe))
+    check_fits(lambda: Seq2Seq(vocab_size, pad_id, bos_id, eos_id, model, factory))
+    return Seq2Seq(vocab_size, pad_id, bos_id, eos_id, model, factory)
 
 
 def physical_memory() -> int:
@@ -92,6 +100,12 @@ def physical_memory() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+def token_ids(tokenizer: Tokenizer) -> tuple[int, int, int, int]:
+    """``(vocab_size, pad_id, bos_id, eos_id)`` of ``tokenizer``, as :func:`build_model` takes
+    them after the settings."""
+    return tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
 
 
 def check_fits(build: Callable[[], torch.nn.Module], memory: int | None = None) -> None:
@@ -130,7 +144,7 @@ def checkpoint_path(run_dir: Path, which: str) -> Path:
 
 def load_run_model(
     run_dir: Path,
-    cfg: DictConfig,
+    settings: Settings,
     which: str,
     device: torch.device,
     average_last: int = 1,
@@ -156,10 +170,8 @@ def load_run_model(
         payload = checkpoint.load(path)
         weights = checkpoint.model_weights(payload, path, ema)
     step = int(payload["state"]["step"])
-    _check_trained_as(path, payload, cfg)
-    model = build_model(
-        cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-    )
+    _check_trained_as(path, payload, settings.composed)
+    model = build_model(settings.model, settings.pe, *token_ids(tokenizer))
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:
@@ -171,13 +183,13 @@ def load_run_model(
     return tokenizer, model.to(device).eval(), step, path
 
 
-def _check_trained_as(path: Path, payload: dict[str, Any], cfg: DictConfig) -> None:
+def _check_trained_as(path: Path, payload: dict[str, Any], composed: Mapping[str, Any]) -> None:
     """Refuse (one line) a checkpoint whose stored ``pe``, ``model`` or ``tokenizer`` settings
-    differ from ``cfg``'s: its weights loaded into another model would be scored without a word
-    (``model.n_heads`` changes no weight's shape). A checkpoint saved before it stored them
-    passes."""
+    differ from the ``composed`` config's: its weights loaded into another model would be scored
+    without a word (``model.n_heads`` changes no weight's shape for most encodings). A
+    checkpoint saved before it stored them passes."""
     stored = payload.get("config")
-    changed = differences(stored, plain(cfg)) if isinstance(stored, dict) else []
+    changed = differences(stored, dict(composed)) if isinstance(stored, dict) else []
     if changed:
         raise checkpoint.CheckpointError(
             f"checkpoint {path} was trained with {'; '.join(changed[:3])}; a trained model is "
@@ -186,13 +198,15 @@ def _check_trained_as(path: Path, payload: dict[str, Any], cfg: DictConfig) -> N
 
 
 def variant_model(
-    cfg: DictConfig, overrides: Any, model: Seq2Seq, tokenizer: Tokenizer, device: torch.device
+    settings: Settings,
+    overrides: Mapping[str, Any],
+    model: Seq2Seq,
+    tokenizer: Tokenizer,
+    device: torch.device,
 ) -> Seq2Seq:
     """The trained ``model`` rebuilt with ``pe`` settings changed at test time (e.g. a RoPE
     scaling: ``{scaling: yarn, factor: 4}``); its weights are the trained ones."""
-    variant_cfg = OmegaConf.merge(cfg, {"pe": OmegaConf.to_container(overrides)})
-    variant = build_model(
-        variant_cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-    )
+    pe = plain(OmegaConf.merge(dict(settings.pe), plain(overrides)))
+    variant = build_model(settings.model, pe, *token_ids(tokenizer))
     variant.load_state_dict(model.state_dict())
     return variant.to(device).eval()

@@ -21,12 +21,11 @@ from torch import Tensor, nn
 from posenc.model.encodings.base import (
     AttentionCall,
     AttentionRule,
-    WrapperRule,
     additive_mask,
     compute_dtype,
-    overrides,
     sdpa,
 )
+from posenc.model.encodings.wrapping import WrapperRule, overrides
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc.model.encodings.base import AttentionCall, AttentionRule, WrapperRule, overrides
+from posenc.model.encodings.base import AttentionCall, AttentionRule
+from posenc.model.encodings.wrapping import WrapperRule, overrides
 
 TEMPERATURES = ("llama4", "ssmax")
 #: the defaults of the settings each temperature reads: ``scale`` and (Llama 4) ``floor_scale``

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from posenc.config.settings import Settings
 from posenc.data.corpus import Corpus
 from posenc.data.prepare import prepared_store
 from posenc.data.splits import validation_split
-from posenc.data.store import TokenStore, open_store
+from posenc.data.store import TokenStore, open_store, store_directory
 from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.runtime import distributed
 from posenc.runtime.rundir import RunDir, as_run_dir
@@ -50,17 +49,19 @@ def encode_pairs(
     return [src[i] for i in keep], [tgt[i] for i in keep], len(src) - len(keep)
 
 
-def prepare(cfg: DictConfig, run_dir: Path | RunDir) -> tuple[Tokenizer, EncodedData]:
+def prepare(settings: Settings, run_dir: Path | RunDir) -> tuple[Tokenizer, EncodedData]:
     """The run's tokenizer (saved in ``RUN/tokenizer``) and its training and validation ids.
 
     The training pairs come from the prepared corpus of this data and tokenizer
     (:func:`prepared_store`), memory-mapped. The validation pairs are read from their own file:
     a run on a prepared corpus reads no training text."""
-    directory = prepared_store(cfg, bool(cfg.trainer.get("progress", False)))
+    given = settings.composed  # the store is named by the data and tokenizer as given
+    directory = store_directory(settings.run.cache_dir, given["data"], given["tokenizer"])
+    prepared_store(settings.data, settings.tokenizer, directory, settings.trainer.progress)
     store = open_store(directory)  # checked before its tokenizer becomes the run's
     tokenizer = load_tokenizer(directory / "tokenizer")
     if distributed.is_main():
         tokenizer.save(as_run_dir(run_dir).tokenizer)
-    valid = validation_split(cfg.data)
+    valid = validation_split(settings.data)
     valid_src, valid_tgt, _ = encode_pairs(tokenizer, valid)
     return tokenizer, EncodedData(store, valid_src, valid_tgt, valid.tgt)

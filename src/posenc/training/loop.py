@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from posenc.config.settings import Settings
 from posenc.data.batching import collate
 from posenc.model.seq2seq import count_parameters
 from posenc.runtime import distributed
@@ -53,14 +53,14 @@ log = logging.getLogger("posenc.training.loop")
 
 
 def train(
-    cfg: DictConfig,
+    settings: Settings,
     run_dir: Path | RunDir,
     start: Start | None = None,
     scorer: Scorer | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) the run in ``run_dir``; returns the training summary. ``start`` is
-    :func:`find_start`'s answer when the caller has it already; ``scorer`` decodes and scores
-    the validation subset of ``trainer.valid_bleu`` (:mod:`posenc.training.validation`).
+    """Train (or resume) the run of ``settings`` in ``run_dir``; returns the training summary.
+    ``start`` is :func:`find_start`'s answer when the caller has it already; ``scorer`` decodes
+    and scores the validation subset of ``trainer.valid_bleu`` (:mod:`posenc.training.validation`).
 
     Under torchrun every rank calls this; rank 0 alone writes to ``run_dir``; the caller of a
     :class:`RunDir` closes its logger.
@@ -73,20 +73,20 @@ def train(
     stop = StopRequests()
     try:
         with stop.installed(), logging_redirect_tqdm():
-            return _train(cfg, directory, start, stop, scorer)
+            return _train(settings, directory, start, stop, scorer)
     finally:
         if directory is not run_dir:  # opened here: its logger closes here
             directory.close()
 
 
 def _train(
-    cfg: DictConfig,
+    settings: Settings,
     directory: RunDir,
     start: Start | None,
     stop: StopRequests,
     scorer: Scorer | None,
 ) -> dict:
-    run = set_up(cfg, directory, start, scorer)
+    run = set_up(settings, directory, start, scorer)
     stop.deferring = True  # from here a signal waits for the step in progress
     for group in step_groups(run):
         if take_step(run, group) and run.state.step % run.trainer.valid_every == 0:

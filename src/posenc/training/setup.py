@@ -8,22 +8,14 @@ import logging
 from dataclasses import dataclass, field
 
 import torch
-from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from posenc.config import (
-    EvalConfig,
-    LoggerConfig,
-    TrainerConfig,
-    check_types,
-    plain,
-    reported_settings,
-)
-from posenc.data.config import data_config
+from posenc.config import TrainerConfig, reported_settings
+from posenc.config.settings import Settings
 from posenc.data.pools import PooledBatcher
 from posenc.data.tokenizer import Tokenizer
-from posenc.model.factory import build_model
+from posenc.model.factory import build_model, token_ids
 from posenc.model.seq2seq import Seq2Seq, count_parameters
 from posenc.runtime import checkpoint, distributed
 from posenc.runtime.device import (
@@ -58,29 +50,25 @@ from posenc.training.validation import (
 log = logging.getLogger("posenc.training.loop")
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Refuse wrong types and impossible settings before any data is read: check the types and
-    ranges of :mod:`posenc.config`, then build a throw-away model and run it on three tokens."""
-    check_types(plain(cfg))
-    TrainerConfig.of(cfg.trainer)  # unknown keys (+trainer.KEY=...), with the closest known one
-    EvalConfig.of(cfg.eval)
-    LoggerConfig.of(cfg.get("logger") or {})
-    t = cfg.trainer
+def check_config(settings: Settings) -> None:
+    """Refuse impossible settings before any data is read (their types and ranges were checked
+    when ``settings`` were read): a budget, a schedule and an EMA that exist, and a throw-away
+    model built and run on three tokens."""
+    t = settings.trainer
     if t.max_steps is None and t.max_time is None:
         raise ValueError("set a budget: trainer.max_steps and/or trainer.max_time (seconds)")
     lr_factor(t.schedule, t.warmup_steps, t.max_steps or 100_000, t.min_lr_ratio)
-    if cfg.eval.get("weights") == "ema" and t.get("ema_decay") is None:
+    if settings.eval.weights == "ema" and t.ema_decay is None:
         raise ValueError(
             "eval.weights=ema scores the EMA of the weights, which training keeps only with "
             "trainer.ema_decay: set it (e.g. trainer.ema_decay=0.999) or drop eval.weights=ema"
         )
     try:
-        model = build_model(cfg, vocab_size=8, pad_id=0, bos_id=1, eos_id=2)
+        model = build_model(settings.model, settings.pe, 8, pad_id=0, bos_id=1, eos_id=2)
         with torch.no_grad():
             model(torch.tensor([[3, 4, 2]]), torch.tensor([[1, 5, 6]]))
     except (ValueError, TypeError) as err:
         raise ValueError(f"invalid configuration: {err}") from err
-    data_config(cfg.data)  # the data settings of its kind, before any data is read
 
 
 @dataclass
@@ -98,8 +86,7 @@ class Training:
     """Everything one training run's functions share, built once by :func:`set_up`; what
     changes as it trains is in ``state`` (saved in checkpoints) and ``steps``."""
 
-    cfg: DictConfig
-    trainer: TrainerConfig
+    settings: Settings
     run_dir: RunDir
     device: torch.device
     tokenizer: Tokenizer
@@ -116,6 +103,11 @@ class Training:
     valid_bleu: ValidBleu | None = None  # trainer.valid_bleu's subset and scorer
     memory_base_mb: float = 0.0  # memory held once the data was loaded (own_memory_mb's zero)
     ema: WeightEMA | None = None  # trainer.ema_decay's EMA of the weights (rank 0 only)
+
+    @property
+    def trainer(self) -> TrainerConfig:
+        """The run's ``trainer`` settings."""
+        return self.settings.trainer
 
     @property
     def amp(self) -> torch.dtype | None:
@@ -135,27 +127,26 @@ class Training:
 
 
 def set_up(
-    cfg: DictConfig, run_dir: RunDir, start: Start | None, scorer: Scorer | None = None
+    settings: Settings, run_dir: RunDir, start: Start | None, scorer: Scorer | None = None
 ) -> Training:
-    """Check the config, then build everything a run needs, restored from ``start`` (found here
-    when None): device, data, tokenizer, model, optimizer and schedule, batches, logger."""
-    trainer = _checked(cfg, scorer)
-    start = find_start(cfg, run_dir) if start is None else start
+    """Check the settings, then build everything a run needs, restored from ``start`` (found
+    here when None): device, data, tokenizer, model, optimizer and schedule, batches, logger."""
+    check_config(settings)
+    trainer = settings.trainer
+    check_best_metric(trainer, scorer)
+    start = find_start(settings, run_dir) if start is None else start
     _clear_stale(run_dir)
-    device = _process_for_run(cfg)
-    tokenizer, data = prepare(cfg, run_dir)
+    device = _process_for_run(settings)
+    tokenizer, data = prepare(settings, run_dir)
     memory_base_mb = release_freed_memory(device)
-    model = build_model(
-        cfg, tokenizer.vocab_size, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-    ).to(device)
+    model = build_model(settings.model, settings.pe, *token_ids(tokenizer)).to(device)
     optimizer, scheduler = _optimizer(model, trainer)
-    state = _state(cfg, run_dir, start, (model, optimizer, scheduler), trainer)
-    _log_setup(cfg, model, device, trainer)
+    state = _state(settings, run_dir, start, (model, optimizer, scheduler))
+    _log_setup(settings, model, device)
     model.train()
     main = distributed.is_main()
     return Training(
-        cfg=cfg,
-        trainer=trainer,
+        settings=settings,
         run_dir=run_dir,
         device=device,
         tokenizer=tokenizer,
@@ -166,27 +157,25 @@ def set_up(
         scheduler=scheduler,
         ema=start_ema(trainer, model, start) if main else None,
         state=state,
-        batcher=_batcher(cfg, trainer, data),
-        logger=_open_logger(cfg, run_dir, state) if main else None,
-        progress=_progress(cfg, trainer, state, main),
+        batcher=_batcher(settings, data),
+        logger=_open_logger(settings, run_dir, state) if main else None,
+        progress=_progress(settings, state, main),
         steps=StepBookkeeping(saved_step=state.step),
         memory_base_mb=memory_base_mb,
         valid_bleu=_valid_bleu(scorer, data, trainer),
     )
 
 
-def _state(
-    cfg: DictConfig, run_dir: RunDir, start: Start, trained: tuple, trainer: TrainerConfig
-) -> TrainState:
+def _state(settings: Settings, run_dir: RunDir, start: Start, trained: tuple) -> TrainState:
     """Where training begins (:func:`~posenc.training.start.begin`) for ``trained = (model,
     optimizer, scheduler)``, the best checkpoint repaired on rank 0, the other ranks' dropout
     seeded apart."""
     rank, world = distributed.rank(), distributed.world_size()
-    state = begin(start, *trained, trainer, world)
+    state = begin(start, *trained, settings.trainer, world)
     if rank == 0:
         repair_best(start, state, run_dir)
     else:
-        torch.manual_seed(rank_seed(cfg.seed, rank, state.step))
+        torch.manual_seed(rank_seed(settings.run.seed, rank, state.step))
     return state
 
 
@@ -199,15 +188,6 @@ def _valid_bleu(
     return ValidBleu.of(scorer, data.valid_src, data.valid_refs, trainer.valid_bleu)
 
 
-def _checked(cfg: DictConfig, scorer: Scorer | None) -> TrainerConfig:
-    """The trainer's settings of a config that :func:`check_config` and
-    :func:`~posenc.training.validation.check_best_metric` accept."""
-    check_config(cfg)
-    trainer = TrainerConfig.of(cfg.trainer)
-    check_best_metric(trainer, scorer)
-    return trainer
-
-
 def _clear_stale(run_dir: RunDir) -> None:
     """On rank 0: create the run directory, and remove what a killed save left in it."""
     if not distributed.is_main():
@@ -217,14 +197,14 @@ def _clear_stale(run_dir: RunDir) -> None:
         log.info("removed %s, left by a save that was killed", stale.name)
 
 
-def _process_for_run(cfg: DictConfig) -> torch.device:
+def _process_for_run(settings: Settings) -> torch.device:
     """Seed the process and set its threads; the run's device, its memory accounting reset (on
     CPU glibc keeps freed memory, a training step's temporaries; on CUDA the peak is this
     run's, not an earlier job's in a reused sweep worker)."""
-    seed_everything(cfg.seed)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    device = distributed.local_device(resolve_device(cfg.device))
+    seed_everything(settings.run.seed)
+    if settings.run.threads:
+        torch.set_num_threads(settings.run.threads)
+    device = distributed.local_device(resolve_device(settings.run.device))
     if device.type == "cpu":
         keep_freed_memory()
     else:
@@ -254,15 +234,15 @@ def _trained_form(model: Seq2Seq, device: torch.device, trainer: TrainerConfig) 
     return torch.compile(trained) if trainer.compile else trained
 
 
-def _batcher(cfg: DictConfig, trainer: TrainerConfig, data: EncodedData) -> PooledBatcher:
+def _batcher(settings: Settings, data: EncodedData) -> PooledBatcher:
     """This process's token-bucketed training batches; logs the pairs over the length limits."""
-    rank, world = distributed.rank(), distributed.world_size()
+    rank, world, trainer = distributed.rank(), distributed.world_size(), settings.trainer
     batcher = PooledBatcher(
         data.train,
         trainer.max_tokens,
         trainer.max_positions,
         trainer.max_source_tokens,
-        seed=cfg.seed,
+        seed=settings.run.seed,
         rank=rank,
         world_size=world,
         pool=trainer.batch_pool,
@@ -278,16 +258,14 @@ def _batcher(cfg: DictConfig, trainer: TrainerConfig, data: EncodedData) -> Pool
     return batcher
 
 
-def _log_setup(
-    cfg: DictConfig, model: Seq2Seq, device: torch.device, trainer: TrainerConfig
-) -> None:
+def _log_setup(settings: Settings, model: Seq2Seq, device: torch.device) -> None:
     """One line: the model's size, encoding, device and effective batch."""
-    world = distributed.world_size()
+    world, trainer = distributed.world_size(), settings.trainer
     log.info(
         "model: %s parameters; pe=%s; device=%s; effective batch <= %d tokens "
         "(max_tokens %d x accumulate %d x %d processes)",
         f"{count_parameters(model):,}",
-        cfg.pe.name,
+        settings.pe["name"],
         device,
         trainer.max_tokens * trainer.accumulate * world,
         trainer.max_tokens,
@@ -296,24 +274,24 @@ def _log_setup(
     )
 
 
-def _progress(cfg: DictConfig, trainer: TrainerConfig, state: TrainState, main: bool) -> tqdm:
+def _progress(settings: Settings, state: TrainState, main: bool) -> tqdm:
     """The progress bar (shown with ``trainer.progress`` on rank 0)."""
     return tqdm(
-        total=trainer.max_steps,
+        total=settings.trainer.max_steps,
         initial=state.step,
-        disable=bar_disabled(trainer.progress and main),
-        desc=f"{cfg.pe.name}",
+        disable=bar_disabled(settings.trainer.progress and main),
+        desc=f"{settings.pe['name']}",
         dynamic_ncols=True,
     )
 
 
-def _open_logger(cfg: DictConfig, run_dir: RunDir, state: TrainState) -> RunLogger:
+def _open_logger(settings: Settings, run_dir: RunDir, state: TrainState) -> RunLogger:
     """The run's TensorBoard logger with the sinks ``logger.*`` switches on."""
     sinks = open_sinks(
-        LoggerConfig.of(cfg.get("logger") or {}),
+        settings.logger,
         run_dir.path,
-        cfg.name,
-        reported_settings(cfg),
+        settings.run.name,
+        reported_settings(settings.composed),
         state.step,
         state.train_seconds,
     )

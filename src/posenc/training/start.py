@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from posenc.config import TrainerConfig, paste
 from posenc.config.identity import differences
+from posenc.config.settings import Settings
 from posenc.runtime import checkpoint
 from posenc.runtime.rundir import RunDir, as_run_dir
 
@@ -39,10 +39,11 @@ class Start:
 
 
 def checkpoint_payload(
-    model, optimizer, scheduler, state: TrainState, cfg: DictConfig, ema=None
+    model, optimizer, scheduler, state: TrainState, settings: Settings, ema=None
 ) -> dict:
-    """Everything a resume needs, as tensors and plain values only (weights-only loadable);
-    with ``ema`` (a :class:`posenc.training.ema.WeightEMA`) its weights too, as ``ema``."""
+    """Everything a resume needs, as tensors and plain values only (weights-only loadable),
+    the run's composed config among them; with ``ema`` (a
+    :class:`posenc.training.ema.WeightEMA`) its weights too, as ``ema``."""
     name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
     payload = {
         "model": model.state_dict(),
@@ -54,7 +55,7 @@ def checkpoint_payload(
             "python": random.getstate(),
             "numpy": [name, keys.tolist(), int(position), int(has_gauss), float(cached_gaussian)],
         },
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": dict(settings.composed),
     }
     if ema is not None:
         payload["ema"] = ema.state_dict()
@@ -86,7 +87,7 @@ def restore(path: Path, payload: dict[str, Any], model, optimizer, scheduler) ->
         raise does_not_fit(path, err) from err
 
 
-def find_start(cfg: DictConfig, run_dir: Path | RunDir) -> Start:
+def find_start(settings: Settings, run_dir: Path | RunDir) -> Start:
     """The checkpoint this run resumes (``trainer.resume``, else ``RUN/checkpoints/last.pt``),
     checked to be the same encoding, model and tokenizer; else the weights of
     ``trainer.init_from`` to fine-tune from; else a start from scratch.
@@ -95,12 +96,11 @@ def find_start(cfg: DictConfig, run_dir: Path | RunDir) -> Start:
         RunMismatchError: the checkpoint to resume was trained with other settings.
         CheckpointError: a checkpoint is missing, corrupt or unsafe.
     """
-    path = _resume_path(cfg, as_run_dir(run_dir))
+    trainer = settings.trainer
+    path = _resume_path(trainer, as_run_dir(run_dir))
     if path is not None:
         payload = checkpoint.load(path)
-        changed = differences(
-            payload.get("config") or {}, OmegaConf.to_container(cfg, resolve=True)
-        )
+        changed = differences(payload.get("config") or {}, dict(settings.composed))
         if changed:
             raise RunMismatchError(
                 f"checkpoint {path} was trained with {'; '.join(changed[:3])}"
@@ -109,8 +109,8 @@ def find_start(cfg: DictConfig, run_dir: Path | RunDir) -> Start:
                 f"{paste('trainer.init_from', path)}"
             )
         return Start(path, payload)
-    if cfg.trainer.get("init_from"):
-        path = Path(cfg.trainer.init_from).expanduser()
+    if trainer.init_from:
+        path = Path(trainer.init_from).expanduser()
         return Start(path, checkpoint.load(path), fine_tune=True)
     return Start()
 
@@ -120,9 +120,9 @@ def rank_seed(seed: int, rank: int, step: int) -> int:
     return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
 
 
-def _resume_path(cfg: DictConfig, run_dir: RunDir) -> Path | None:
-    if cfg.trainer.resume:
-        return Path(cfg.trainer.resume).expanduser()
+def _resume_path(trainer: TrainerConfig, run_dir: RunDir) -> Path | None:
+    if trainer.resume:
+        return Path(trainer.resume).expanduser()
     return run_dir.last if run_dir.last.exists() else None
 
 

@@ -234,12 +234,12 @@ def save(run: Training, best: bool) -> None:
         raise TrainingError(advice.nan_weights(run.state.step, run.run_dir.checkpoints))
     run.steps.saved_step = run.state.step
     payload = checkpoint_payload(
-        run.model, run.optimizer, run.scheduler, run.state, run.cfg, run.ema
+        run.model, run.optimizer, run.scheduler, run.state, run.settings, run.ema
     )
     checkpoint.save_atomic(payload, run.run_dir.last, keep_previous=True)
     if best:
         checkpoint.link_over(run.run_dir.last, run.run_dir.best)
-    keep = run.cfg.eval.get("average_last", 1)
+    keep = run.settings.eval.average_last
     if keep > 1 and validated_at(run.state, run.state.step):
         checkpoint.save_step(payload, run.run_dir.checkpoints, keep)
 

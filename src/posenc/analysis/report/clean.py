@@ -19,6 +19,7 @@ from typing import Any
 
 from posenc.analysis.report.runs import Entry, Group, split_entries
 from posenc.analysis.report.stats import read_lines
+from posenc.config.data import data_config
 from posenc.data.corpus import DataError
 from posenc.data.splits import shared_with_training
 from posenc.evaluation.metrics import corpus_scores
@@ -99,7 +100,7 @@ def _shared(
     key = json.dumps(data, sort_keys=True, default=str)
     if key not in cache:
         try:
-            cache[key] = shared_with_training(data, near)
+            cache[key] = shared_with_training(data_config(data), near)
         except DataError as err:
             log.warning("no clean part of %s: %s", split, err)
             cache[key] = None

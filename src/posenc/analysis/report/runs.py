@@ -23,6 +23,7 @@ from posenc.config import (
     flatten,
     reference_encoding,
 )
+from posenc.config.data import data_config
 from posenc.config.identity import BUDGET_KEYS, EVAL_RUN_CONTROL
 from posenc.config.variants import (
     encoding_config,
@@ -30,7 +31,6 @@ from posenc.config.variants import (
     settings_text,
     variant_label,
 )
-from posenc.data.config import data_config
 from posenc.data.corpus import DataError
 from posenc.runtime.rundir import RunDir
 from posenc.runtime.sentence_losses import losses_file
@@ -362,7 +362,7 @@ def _shown(value: Any) -> Any:
 
 def setting_as_made(run: Run, key: str) -> Any:
     """``run``'s value of ``key``; a ``data.*`` key its config lacks is the typed data config's
-    default for its kind (:mod:`posenc.data.config`: the value of runs made before the key
+    default for its kind (:mod:`posenc.config.data`: the value of runs made before the key
     existed, e.g. ``data.holdout_drops`` shared sources only), so a newer run that sets that
     value explicitly trained on the same rule and joins the older runs' group."""
     if key in run.config or not key.startswith("data."):

@@ -19,7 +19,7 @@ Shapes: ``B`` batch, ``H`` heads, ``L``/``Lq``/``Lk`` lengths, ``D`` head dim, `
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -272,46 +272,6 @@ class AttentionRule(EncodingModule):
         if bias is None and call.sdpa_is_causal:
             return sdpa(q, k, v, None, call.dropout_p, scale, is_causal=True)
         return sdpa(q, k, v, additive_mask(bias, call, q.dtype), call.dropout_p, scale)
-
-
-def rule_hooks() -> list[str]:
-    """The hooks of :class:`AttentionRule`: every public method its own class body defines."""
-    return [n for n, v in vars(AttentionRule).items() if callable(v) and not n.startswith("_")]
-
-
-class WrapperRule(AttentionRule):
-    """An attention rule around another, ``inner`` (a temperature, DAPE's bias MLP): every hook
-    of :class:`AttentionRule` is forwarded to ``inner`` by construction, so a hook added later
-    reaches it without a word here; a wrapper overrides what it changes. The declarations
-    :attr:`~AttentionRule.rotates_qk` and :attr:`~AttentionRule.masking_bias` are inner's."""
-
-    def __init__(self, inner: AttentionRule) -> None:
-        super().__init__()
-        self.inner = inner
-        self.rotates_qk, self.masking_bias = inner.rotates_qk, inner.masking_bias
-
-
-def overrides(rule: AttentionRule, hook: str) -> bool:
-    """Whether ``rule`` changes :class:`AttentionRule`'s ``hook`` (a wrapper that forwards it
-    asks its inner rule)."""
-    own = getattr(type(rule), hook)
-    if own is getattr(WrapperRule, hook):
-        return overrides(rule.inner, hook)  # type: ignore[attr-defined]
-    return own is not getattr(AttentionRule, hook)
-
-
-def _forwarding(name: str) -> Callable[..., Any]:
-    def forward_to_inner(self: WrapperRule, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.inner, name)(*args, **kwargs)
-
-    forward_to_inner.__name__ = name
-    forward_to_inner.__doc__ = f"``inner``'s :meth:`~AttentionRule.{name}`."
-    return forward_to_inner
-
-
-for _hook in rule_hooks():
-    setattr(WrapperRule, _hook, _forwarding(_hook))
-del _hook
 
 
 class StackEncoding(EncodingModule):

@@ -47,9 +47,9 @@ from posenc.model.encodings.base import (
     AttentionRule,
     Site,
     StackEncoding,
-    WrapperRule,
     compute_dtype,
 )
+from posenc.model.encodings.wrapping import WrapperRule
 
 
 def sinusoidal_table(

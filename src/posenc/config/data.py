@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from posenc.config import ConfigGroup, plain, setting
-from posenc.data.corpus import DataError
+
+
+class DataError(ValueError):
+    """A bad data input or data setting; the message is one line naming the problem and the fix."""
+
 
 SIZE = {"kind": "int", "low": 1, "optional": True, "default": None}
 #: the toy task's split sizes: generated pairs held in memory (a trillion asked for climbed past
