@@ -703,7 +703,7 @@ def test_scores_outside_their_range_mark_the_run_failed(sweep, tmp_path):
     metrics["splits"]["test"]["bleu"] = 1e308
     (copy / "pe=rope" / "metrics.json").write_text(json.dumps(metrics))
     run_ = load_run(copy / "pe=rope", copy)
-    assert run_.status == "failed" and "splits.test.bleu is 1e+308, not a number from 0 to 100" in (
+    assert run_.status == "failed" and "splits.test.bleu is 1e+308, not a number in [0, 100]" in (
         run_.message
     )
 

@@ -191,15 +191,15 @@ def spoil(data: dict, where: str, value) -> dict:
 @pytest.mark.parametrize(
     ("where", "value", "problem"),
     [
-        ("splits.test.bleu", "high", "splits.test.bleu is 'high', not a number from 0 to 100"),
-        ("splits.test.bleu", [99], "splits.test.bleu is [99], not a number from 0 to 100"),
-        ("splits.test.bleu", True, "splits.test.bleu is True, not a number from 0 to 100"),
-        ("splits.test.loss", float("nan"), "splits.test.loss is nan, not a number from 0 to inf"),
+        ("splits.test.bleu", "high", "splits.test.bleu is 'high', not a number in [0, 100]"),
+        ("splits.test.bleu", [99], "splits.test.bleu is [99], not a number in [0, 100]"),
+        ("splits.test.bleu", True, "splits.test.bleu is True, not a number in [0, 100]"),
+        ("splits.test.loss", float("nan"), "splits.test.loss is nan, not a number >= 0"),
         ("splits.test.sentences", ..., "splits.test.sentences is missing"),
         (
             "splits.test.bertscore_f1",
             "0.9",
-            "splits.test.bertscore_f1 is '0.9', not a number from -1 to 1 or",
+            "splits.test.bertscore_f1 is '0.9', not a number in [-1, 1] or",
         ),
         ("splits.test.buckets.0.min", None, "splits.test.buckets[0].min is None, not an integer"),
         ("splits.test.buckets", {}, "splits.test.buckets is {}, not a list"),
@@ -302,7 +302,7 @@ def run_row(markdown: str, name: str) -> str:
     [
         ("bomb", "config.yaml: it has YAML anchors or aliases (line 2)"),
         ("interpolated", "config.yaml: s1 is '${s0}${s0}', an interpolation"),
-        ("pe=rope", "metrics.json: splits.test.bleu is '99', not a number from 0 to 100"),
+        ("pe=rope", "metrics.json: splits.test.bleu is '99', not a number in [0, 100]"),
         ("summary", "train_summary.json: steps is 'many', not an integer"),
         ("failure", "failed.json: error is 1, not a string"),
     ],

@@ -66,13 +66,17 @@ def reference_encoding(config_dir: Path = CONFIG_DIR) -> str:
 class Setting:
     """What one setting accepts.
 
+    The schema of the settings and of the files a run writes (:mod:`posenc.runtime.untrusted`
+    checks those with the same class).
+
     Attributes:
         kind: ``int``, ``number`` (int or float), ``bool``, ``str``, ``pair`` (two numbers),
-            ``list`` or ``mapping``.
+            ``list``, ``mapping`` or ``any`` (every value).
         low, high: inclusive bounds for numbers (``None`` = unbounded); ``low_open`` excludes
             ``low`` and ``high_open`` excludes ``high``; for a list, ``low`` is its fewest items.
         optional: whether ``null`` is accepted.
         choices: the accepted strings, for ``str`` settings with a fixed set of values.
+        finite: whether a number must be finite (a loss in a run's summary may be inf or NaN).
     """
 
     kind: str
@@ -82,6 +86,7 @@ class Setting:
     optional: bool = False
     low_open: bool = False
     choices: tuple[str, ...] = ()
+    finite: bool = True
 
     def describe(self) -> str:
         """What the setting must be, e.g. ``an integer >= 1 or null``."""
@@ -95,6 +100,8 @@ class Setting:
             text = "a list" if self.low is None else f"a list of at least {_num(self.low)} item(s)"
         elif self.kind == "mapping":
             text = "a mapping {key: value}"
+        elif self.kind == "any":
+            text = "anything"
         elif self.kind == "pair":
             text = f"a list of two numbers in [{self.low}, {self.high})"
         else:
@@ -114,7 +121,9 @@ class Setting:
     def accepts(self, value: Any) -> bool:
         """Whether ``value`` (a plain Python value) fits."""
         if value is None:
-            return self.optional
+            return self.optional or self.kind == "any"
+        if self.kind == "any":
+            return True
         if self.kind == "bool":
             return isinstance(value, bool)
         if self.kind == "str":
@@ -134,7 +143,7 @@ class Setting:
         if self.kind == "int" and not isinstance(value, int):
             return False
         if not math.isfinite(value):
-            return False
+            return not self.finite and self.low is None and self.high is None
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
         if self.high is None:

@@ -8,19 +8,19 @@ UTF-8, parses, and checks the types of the keys posenc writes (unknown extra key
 anything wrong raises :class:`UntrustedFileError`, one line naming the file, what is wrong and
 the fix.
 
-The checks are tables (:data:`METRICS`, :data:`SUMMARY`, :data:`FAILURE`) of :class:`Leaf`,
-:class:`Fields`, :class:`MapOf` and :class:`ListOf` nodes, walked by :func:`check`.
+The checks are tables (:data:`METRICS`, :data:`SUMMARY`, :data:`FAILURE`) of
+:class:`~posenc.config.Setting` leaves (the settings' own schema), :class:`Fields`,
+:class:`MapOf` and :class:`ListOf` nodes, walked by :func:`check`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from posenc.config import Setting
 from posenc.config import metrics as metric_table
 
 #: how to repair each file of a run directory, by name
@@ -234,14 +235,6 @@ def read_config(path: Path, max_bytes: int = 1_000_000) -> DictConfig:
 
 
 @dataclass(frozen=True)
-class Leaf:
-    """A value that passes ``test``; ``name`` says what it must be (``a number``)."""
-
-    name: str
-    test: Callable[[Any], bool]
-
-
-@dataclass(frozen=True)
 class Fields:
     """A mapping with these ``required`` and ``optional`` keys; the values of other keys are
     checked against ``others``, or not at all when it is None."""
@@ -265,41 +258,34 @@ class ListOf:
     item: Schema
 
 
-Schema = Leaf | Fields | MapOf | ListOf
+Schema = Setting | Fields | MapOf | ListOf
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def nullable(leaf: Leaf) -> Leaf:
+def nullable(leaf: Setting) -> Setting:
     """``leaf`` or null."""
-    return Leaf(f"{leaf.name} or null", lambda v: v is None or leaf.test(v))
+    return replace(leaf, optional=True)
 
 
-def one_of(*values: str) -> Leaf:
+def one_of(*values: str) -> Setting:
     """One of these strings."""
-    return Leaf(f"one of {', '.join(values)}", lambda v: isinstance(v, str) and v in values)
+    return Setting("str", choices=values)
 
 
-STR = Leaf("a string", lambda v: isinstance(v, str))
-BOOL = Leaf("true or false", lambda v: isinstance(v, bool))
-INT = Leaf("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
-NUMBER = Leaf("a number", _is_number)
-FINITE = Leaf("a finite number", lambda v: _is_number(v) and math.isfinite(v))
+STR = Setting("str")
+BOOL = Setting("bool")
+INT = Setting("int")
+NUMBER = Setting("number", finite=False)  #: inf and NaN too
+FINITE = Setting("number")
 
 
-def within(low: float, high: float) -> Leaf:
+def within(low: float, high: float) -> Setting:
     """A finite number in ``[low, high]``."""
-    return Leaf(
-        f"a number from {low:g} to {high:g}",
-        lambda v: _is_number(v) and math.isfinite(v) and low <= v <= high,
-    )
+    return Setting("number", low, high)
 
 
 PERCENT = within(0.0, 100.0)  #: BLEU of a length bucket
-LOSS = within(0.0, math.inf)  #: a loss in nats: never negative
-ANY_MAPPING = MapOf(Leaf("anything", lambda v: True))
+LOSS = Setting("number", low=0.0)  #: a loss in nats: never negative
+ANY_MAPPING = MapOf(Setting("any"))
 
 
 class _Wrong(Exception):
@@ -309,9 +295,9 @@ class _Wrong(Exception):
 def _check(value: Any, schema: Schema, where: str) -> None:
     """Raise :class:`_Wrong` at the first value in ``value`` that ``schema`` does not allow."""
     label = where or "the top level"
-    if isinstance(schema, Leaf):
-        if not schema.test(value):
-            raise _Wrong(f"{label} is {_short(value)}, not {schema.name}")
+    if isinstance(schema, Setting):
+        if not schema.accepts(value):
+            raise _Wrong(f"{label} is {_short(value)}, not {schema.describe()}")
     elif isinstance(schema, ListOf):
         if not isinstance(value, list):
             raise _Wrong(f"{label} is {_short(value)}, not a list")
@@ -338,7 +324,7 @@ def check(data: Any, schema: Schema, path: Path) -> Any:
 
     Raises:
         UntrustedFileError: naming ``path`` and the key path of the first wrong value
-            (``metrics.json: splits.test.bleu is 'high', not a finite number``).
+            (``metrics.json: splits.test.bleu is 'high', not a number in [0, 100]``).
     """
     try:
         _check(data, schema, "")
