@@ -87,11 +87,11 @@ class CountingScorer:
 
     @classmethod
     def of(cls, settings, device):
-        return cls(dict(settings))
+        return cls(settings)
 
     def score(self, sources, hypotheses, references) -> dict:
         same = sum(len(h) == len(r) for h, r in zip(hypotheses, references, strict=True))
-        return {"counting": same / len(references), "counting_batch": self.settings["batch_size"]}
+        return {"counting": same / len(references), "counting_batch": self.settings.batch_size}
 
 
 def test_a_metric_computed_by_a_model_is_its_entry_its_scorer_and_its_settings(
@@ -110,7 +110,27 @@ def test_a_metric_computed_by_a_model_is_its_entry_its_scorer_and_its_settings(
     cfg = compose(*SMOKE, "pe=nonepe", "trainer.max_steps=2", "eval.comet.batch_size=3")
     built = evaluate_module.model_scorers(Settings.of(cfg).eval, torch.device("cpu"))
     assert [m.name for m, _ in built] == ["bertscore_f1", "comet", "counting"]
-    assert built[2][1].settings["batch_size"] == 3  # the settings group its entry names
+    assert built[2][1].settings.batch_size == 3  # the settings group its entry names, typed
     run(compose(*SMOKE, "pe=nonepe", "trainer.max_steps=2", "eval.enabled=false"), tmp_path)
     scores = evaluate_module.evaluate(Settings.of(cfg), tmp_path)["splits"]["test"]
     assert scores["counting_batch"] == 3 and 0.0 <= scores["counting"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "+eval.bertscore.modell=x",
+            "eval.bertscore.modell is not among the eval.bertscore settings; did you mean "
+            "eval.bertscore.model?",
+        ),
+        ("eval.comet.batch_size=0", "eval.comet.batch_size=0 must be an integer >= 1 or null"),
+    ],
+)
+def test_a_model_metrics_settings_are_typed_by_its_entry_and_refused_in_one_line(override, message):
+    """Each entry's settings class reads its ``eval`` group: defaults filled, typos named."""
+    typed = Settings.of(compose(*SMOKE)).eval
+    assert (typed.bertscore.batch_size, typed.comet.model) == (64, None)
+    with pytest.raises(ValueError) as refused:
+        Settings.of(compose(*SMOKE, override))
+    assert str(refused.value) == message

@@ -323,7 +323,8 @@ class EvalConfig(ConfigGroup):
     use_cache: bool = setting("bool")
     max_sentences: int | None = setting("int", low=1, optional=True)
     length_buckets: list[int] = setting("list")
-    bertscore: dict[str, Any] = setting("mapping")
+    # typed by their metric's entry (config.metrics: BertScoreSettings, CometSettings)
+    bertscore: Any = setting("mapping")
     pe_variants: dict[str, Any] = setting("mapping")
     # with defaults: a run saved before these settings existed decodes greedily from one
     # checkpoint, and standalone evaluation may still set them
@@ -343,11 +344,18 @@ class EvalConfig(ConfigGroup):
     # identity) or their EMA (ema, from a run trained with trainer.ema_decay)
     weights: str | None = setting("str", optional=True, choices=("raw", "ema"), default=None)
     # COMET's model and batch size (a model null: off, as before the setting existed)
-    comet: dict[str, Any] | None = setting("mapping", optional=True, default=None)
+    comet: Any = setting("mapping", optional=True, default=None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_decoding(vars(self))
+        from posenc.config.metrics import MODEL_METRICS  # the table types the metrics' groups
+
+        for metric in MODEL_METRICS:
+            given = getattr(self, metric.settings)  # type: ignore[arg-type]
+            if not isinstance(given, ConfigGroup):
+                typed = metric.settings_class.of(given or {})  # type: ignore[union-attr]
+                object.__setattr__(self, metric.settings, typed)  # type: ignore[arg-type]
 
 
 #: the ``eval`` settings that only sampling reads

@@ -2,12 +2,36 @@
 report spells and scales it, and how it is computed. Evaluation, validation, the reader of
 untrusted run files, TensorBoard's HParams and the report read this table; adding a metric that
 sacreBLEU computes is one entry here, one computed by a model (BERTScore, COMET) its entry, its
-scorer class and its ``eval`` settings group (docs/GUIDE.md, "Adding a metric")."""
+scorer class and its ``eval`` settings group with the class that types them (docs/GUIDE.md,
+"Adding a metric")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from posenc.config import POSITIVE, ConfigGroup, setting
+
+
+@dataclass(frozen=True, kw_only=True)
+class BertScoreSettings(ConfigGroup):
+    """``eval.bertscore``: the model (``minilm``, offline; any Hugging Face name; null: off),
+    its layer (null: the model's default) and the sentences a batch holds."""
+
+    GROUP: ClassVar[str] = "eval.bertscore"
+    model: str | None = setting("str", optional=True, default=None)
+    layer: int | None = setting("int", low=1, optional=True, default=None)
+    batch_size: int = setting(**POSITIVE, default=64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CometSettings(ConfigGroup):
+    """``eval.comet``: the model (a downloaded folder or checkpoint, a hub name; null: off) and
+    the sentences a batch holds (null: COMET's default)."""
+
+    GROUP: ClassVar[str] = "eval.comet"
+    model: str | None = setting("str", optional=True, default=None)
+    batch_size: int | None = setting("int", low=1, optional=True, default=None)
 
 
 @dataclass(frozen=True)
@@ -31,10 +55,12 @@ class Metric:
         keys: what else ``metrics.json`` holds for it, key -> kind (``text``, ``count``,
             ``number``, ``score``: a value in its range), each nullable.
         scorer: ``module:Class`` of the scorer of a metric computed by a model, imported when
-            an evaluation starts: ``Class.of(settings, device)`` builds it from the ``eval``
-            group ``settings`` names (``eval.comet``), and ``scorer.score(sources, hypotheses,
-            references)`` gives its keys of ``metrics.json``; None for a sacreBLEU metric.
-        settings: the ``eval`` settings group its scorer reads.
+            an evaluation starts: ``Class.of(settings, device)`` builds it from its ``eval``
+            settings group (typed by ``settings_class``), and ``scorer.score(sources,
+            hypotheses, references)`` gives its keys of ``metrics.json``; None for a sacreBLEU
+            metric.
+        settings: the ``eval`` key of the settings group its scorer reads (``comet``).
+        settings_class: the class those settings are read into (checked, defaults filled).
     """
 
     name: str
@@ -49,6 +75,7 @@ class Metric:
     keys: dict[str, str] = field(default_factory=dict)
     scorer: str | None = None
     settings: str | None = None
+    settings_class: type[ConfigGroup] | None = None
 
     @property
     def shown_label(self) -> str:
@@ -96,6 +123,7 @@ METRICS: tuple[Metric, ...] = (
         },
         scorer="posenc.evaluation.metrics:BertScore",
         settings="bertscore",
+        settings_class=BertScoreSettings,
     ),
     Metric(
         "comet",
@@ -106,6 +134,7 @@ METRICS: tuple[Metric, ...] = (
         keys={"comet_model": "text", "comet_reason": "text"},
         scorer="posenc.evaluation.comet:Comet",
         settings="comet",
+        settings_class=CometSettings,
     ),
 )
 #: the metrics sacreBLEU computes, by name

@@ -13,12 +13,14 @@ score and the reason in ``metrics.json``, never a failed run.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+    from posenc.config.metrics import CometSettings
 
 log = logging.getLogger("posenc.evaluation.comet")
 
@@ -59,10 +61,9 @@ class Comet:
         self._failure: str | None = None
 
     @classmethod
-    def of(cls, settings: Mapping[str, Any], device: torch.device) -> Comet:
-        """The scorer of ``eval.comet`` (its ``model``, ``batch_size``), on ``device``'s GPU
-        when it is one."""
-        return cls(settings.get("model"), settings.get("batch_size"), int(device.type == "cuda"))
+    def of(cls, settings: CometSettings, device: torch.device) -> Comet:
+        """The scorer of ``eval.comet``, on ``device``'s GPU when it is one."""
+        return cls(settings.model, settings.batch_size, int(device.type == "cuda"))
 
     def _load(self) -> Any:
         if self._loaded is not None or self._failure is not None:

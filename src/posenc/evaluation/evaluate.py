@@ -92,7 +92,7 @@ def model_scorers(settings: EvalConfig, device: torch.device) -> list[tuple[Metr
     for metric in MODEL_METRICS:
         module, _, name = metric.scorer.partition(":")  # type: ignore[union-attr]
         scorer_class = getattr(importlib.import_module(module), name)
-        group = getattr(settings, metric.settings) or {}  # type: ignore[arg-type]
+        group = getattr(settings, metric.settings)  # typed by its entry's settings_class
         found.append((metric, scorer_class.of(group, device)))
     return found
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sacrebleu
 
-from posenc.config.metrics import SACREBLEU_METRICS
+from posenc.config.metrics import SACREBLEU_METRICS, BertScoreSettings
 
 if TYPE_CHECKING:
     import torch
@@ -105,9 +105,9 @@ class BertScore:
         return self._scorer
 
     @classmethod
-    def of(cls, settings: Mapping[str, Any], device: torch.device) -> BertScore:
-        """The scorer of ``eval.bertscore`` (its ``model``, ``layer``, ``batch_size``)."""
-        return cls(settings.get("model"), settings.get("layer"), settings.get("batch_size", 64))
+    def of(cls, settings: BertScoreSettings, device: torch.device) -> BertScore:
+        """The scorer of ``eval.bertscore``."""
+        return cls(settings.model, settings.layer, settings.batch_size)
 
     def score(
         self, sources: Sequence[str], hypotheses: Sequence[str], references: Sequence[str]
