@@ -44,7 +44,7 @@ from posenc.model.encodings.base import (
     StackEncoding,
     compute_dtype,
 )
-from posenc.model.encodings.rotation import rotate
+from posenc.model.encodings.rotation import paired_head_dim, rotate
 
 
 def context_phases(steps: Tensor, pairs: int) -> Tensor:
@@ -142,10 +142,7 @@ class ContextRotaryEncoding(StackEncoding):
         rope_init: bool = True,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
-        if (d_model // n_heads) % 2:
-            raise ValueError(
-                f"carope: the head dim {d_model // n_heads} must be even; change d_model or n_heads"
-            )
+        paired_head_dim("carope", d_model, n_heads)
         self.base, self.rope_init = base, rope_init
 
     def self_rule(self, layer: int) -> ContextRotaryRule:

@@ -37,7 +37,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.model.encodings.base import AttentionRule, Site, StackEncoding, compute_dtype
-from posenc.model.encodings.rotation import rope_frequencies, rotate, slow_bands
+from posenc.model.encodings.rotation import (
+    paired_head_dim,
+    rope_frequencies,
+    rotate,
+    slow_bands,
+)
 
 
 def slow_coordinates(
@@ -130,11 +135,7 @@ class DataAwareRotaryEncoding(StackEncoding):
         training_length: int = 128,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
-        head_dim = d_model // n_heads
-        if head_dim % 2:
-            raise ValueError(
-                f"darope: the head dim {head_dim} must be even; change d_model or n_heads"
-            )
+        head_dim = paired_head_dim("darope", d_model, n_heads)
         if (
             isinstance(training_length, bool)
             or not isinstance(training_length, int)

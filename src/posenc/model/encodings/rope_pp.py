@@ -31,6 +31,7 @@ from posenc.model.encodings.rotation import (
     RotaryRule,
     RotaryStack,
     RotaryTables,
+    paired_head_dim,
     rope_frequencies,
     rotation_table,
 )
@@ -116,11 +117,7 @@ class ImaginaryRotaryEncoding(RotaryStack):
         super().__init__(site, d_model, n_heads, n_layers)
         if variant not in VARIANTS:
             raise ValueError(f"rope_pp: variant={variant!r} is unknown; use one of {VARIANTS}")
-        head_dim = d_model // n_heads
-        if head_dim % 2:
-            raise ValueError(
-                f"rope_pp: the head dim {head_dim} must be even; change d_model or n_heads"
-            )
+        head_dim = paired_head_dim("rope_pp", d_model, n_heads)
         if variant == "equal_heads" and n_heads % 2:
             raise ValueError(
                 f"rope_pp: equal_heads projects n_heads/2 heads, and n_heads={n_heads} is odd; "

@@ -23,6 +23,18 @@ def rope_frequencies(dim: int, base: float = 10000.0, dtype: torch.dtype = torch
     return 1.0 / base ** (torch.arange(0, dim, 2, dtype=dtype) / dim)
 
 
+def paired_head_dim(name: str, d_model: int, n_heads: int) -> int:
+    """The head dim ``d_model / n_heads`` of an encoding that turns pairs of dims.
+
+    Raises:
+        ValueError: it is odd (one line naming the encoding ``name`` and the fix).
+    """
+    head_dim = d_model // n_heads
+    if head_dim % 2:
+        raise ValueError(f"{name}: the head dim {head_dim} must be even; change d_model or n_heads")
+    return head_dim
+
+
 def slow_bands(inv_freq: Tensor, training_length: int) -> Tensor:
     """Bool ``(D/2,)``: the bands of ``inv_freq (D/2,)`` whose wavelength exceeds the training
     length ``L``, ``theta_j < 2 pi / L`` (HoPE's rule, as Levy et al. 2026 state it)."""

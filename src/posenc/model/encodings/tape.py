@@ -48,7 +48,12 @@ from posenc.model.encodings.base import (
     StackEncoding,
     compute_dtype,
 )
-from posenc.model.encodings.rotation import rope_frequencies, rotate, rotation_table
+from posenc.model.encodings.rotation import (
+    paired_head_dim,
+    rope_frequencies,
+    rotate,
+    rotation_table,
+)
 
 
 @dataclass
@@ -188,11 +193,7 @@ class TapeEncoding(StackEncoding):
         rope_init: bool = True,
     ) -> None:
         super().__init__(site, d_model, n_heads, n_layers)
-        head_dim = d_model // n_heads
-        if head_dim % 2:
-            raise ValueError(
-                f"tape: the head dim {head_dim} must be even; change d_model or n_heads"
-            )
+        head_dim = paired_head_dim("tape", d_model, n_heads)
         self.channels = d_model // 2 if channels is None else int(channels)
         if self.channels < 1:
             raise ValueError(f"pe.channels={channels}: TAPE needs at least one channel")
