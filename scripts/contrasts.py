@@ -16,13 +16,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from posenc.analysis.plan import add_plan_arguments, plan_of, provenance
+from posenc.analysis.plan import add_plan_arguments, declared_tests_note, plan_of, provenance
 from posenc.analysis.report.contrasts import (
     contrasts_markdown,
     decoding_contrasts,
     decoding_markdown,
     sweep_contrasts,
 )
+from posenc.analysis.report.findings import tested_p
 from posenc.analysis.report.runs import ReportError
 from posenc.analysis.report.seeds import seed_selection, seeds_note
 
@@ -64,6 +65,9 @@ def main() -> None:
             )
             lines = contrasts_markdown(rows, args.bootstrap, margins)
             lines += ["", seeds_note(args.seeds)] if args.seeds else []
+            held = len(tested_p([row.judgement for row in rows if row.judgement is not None]))
+            note = declared_tests_note(plan, args.family, held)
+            lines = [note, "", *lines] if note else lines
     except ReportError as err:
         sys.exit(f"contrasts: {err}")
     text = "\n".join([provenance(plan, args.family), "", *lines]) + "\n"

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from posenc.analysis.depth_contrast import depth_contrasts, depth_losses, depth_table
 from posenc.analysis.headline import add_comparison_arguments, read_sweep
-from posenc.analysis.plan import plan_of, provenance
+from posenc.analysis.plan import declared_tests_note, plan_of, provenance
+from posenc.analysis.report.findings import tested_p
 from posenc.analysis.report.runs import ReportError
 from posenc.analysis.report.seeds import seeds_note
 from posenc.config.variants import split_labels
@@ -76,11 +77,15 @@ def main() -> int:
         (low.sentences(), high.sentences()),
         args.bootstrap,
     )
+    held = len(tested_p([c.judgement for c in cells if c.judgement is not None]))
+    held += sum(loss.p_holm is not None for loss in losses)
+    note = declared_tests_note(plan, args.family, held)
     lines = [
         f"# What depth does: each system's gap to {args.baseline}, {deep} against {shallow}",
         "",
         provenance(plan, args.family),
         "",
+        *([note, ""] if note else []),
         *([seeds_note(args.seeds), ""] if args.seeds else []),
         *depth_table(cells, losses, shallow, deep),
         "",

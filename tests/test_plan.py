@@ -9,7 +9,7 @@ import hashlib
 import pytest
 from conftest import ROOT, run_script
 
-from posenc.analysis.plan import BEFORE, PlanError, load_plan, provenance
+from posenc.analysis.plan import BEFORE, PlanError, declared_tests_note, load_plan, provenance
 
 PLANS = ROOT / "docs" / "study" / "plans"
 
@@ -115,4 +115,16 @@ def test_the_headline_refuses_a_bad_plan_before_reading_any_sweep(tmp_path):
     assert (
         done.stderr.strip()
         == f"headline: plan {tmp_path / 'plan.yaml'}: must be a mapping of keys, got list"
+    )
+
+
+def test_a_table_says_when_it_holds_other_tests_than_its_family_declares(tmp_path):
+    plan = load_plan(write(tmp_path, GOOD))
+    declared = plan.family("main").tests
+    assert declared_tests_note(plan, "main", declared) is None
+    assert (
+        declared_tests_note(None, "main", 3) is None and declared_tests_note(plan, None, 3) is None
+    )
+    assert declared_tests_note(plan, "main", declared + 2).startswith(
+        f"**The family declares {declared} tests; this table holds {declared + 2}**"
     )

@@ -170,6 +170,18 @@ def provenance(plan: Plan | None, family: str | None) -> str:
     return f"{head}, declared on {plan.declared} {BEFORE}."
 
 
+def declared_tests_note(plan: Plan | None, family: str | None, held: int) -> str | None:
+    """The line a table adds when it holds another number of tests than its plan's family
+    declares (None without a plan's family, or when the two agree)."""
+    found = plan.family(family) if plan is not None and family is not None else None
+    if found is None or found.tests == held:
+        return None
+    return (
+        f"**The family declares {found.tests} tests; this table holds {held}** (a cell below the "
+        "quality floor, with one seed a side or whose seeds split into modes is not tested)."
+    )
+
+
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """``--plan FILE`` and ``--family NAME``, the family of a plan a command's comparisons are."""
     parser.add_argument("--plan", type=Path, help="the analysis plan (YAML) declaring the family")
