@@ -22,7 +22,7 @@ from pathlib import Path
 from posenc.analysis.depth_contrast import depth_contrasts, depth_losses, depth_table
 from posenc.analysis.headline import add_comparison_arguments, read_sweep
 from posenc.analysis.plan import declared_tests_note, plan_of, provenance
-from posenc.analysis.report.findings import tested_p
+from posenc.analysis.report.findings import judge_together, tested_p
 from posenc.analysis.report.runs import ReportError
 from posenc.analysis.report.seeds import seeds_note
 from posenc.config.variants import split_labels
@@ -77,6 +77,10 @@ def main() -> int:
         (low.sentences(), high.sentences()),
         args.bootstrap,
     )
+    found = plan.family(args.family) if plan is not None and args.family else None
+    together = found is not None and "valid_loss" in found.metrics and "bleu" in found.metrics
+    if together:  # the plan declares losses, BLEU and chrF one family: one Holm over them all
+        judge_together([c.judgement for c in cells if c.judgement is not None], losses, margins)
     held = len(tested_p([c.judgement for c in cells if c.judgement is not None]))
     held += sum(loss.p_holm is not None for loss in losses)
     note = declared_tests_note(plan, args.family, held)
@@ -87,7 +91,7 @@ def main() -> int:
         "",
         *([note, ""] if note else []),
         *([seeds_note(args.seeds), ""] if args.seeds else []),
-        *depth_table(cells, losses, shallow, deep),
+        *depth_table(cells, losses, shallow, deep, together),
         "",
     ]
     args.out.mkdir(parents=True, exist_ok=True)

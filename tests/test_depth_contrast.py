@@ -14,17 +14,32 @@ from conftest import scored_entry as entry
 from sacrebleu import corpus_bleu, corpus_chrf
 from scipy import stats
 
-from posenc.analysis.decision import contrast_deviation, loss_statistics, sentence_statistics
+from posenc.analysis.decision import (
+    compare_scores,
+    contrast_deviation,
+    holm,
+    loss_statistics,
+    sentence_statistics,
+)
 from posenc.analysis.depth_contrast import (
     NARROWER,
     WIDER,
+    DepthLoss,
     depth_contrasts,
     depth_losses,
     depth_table,
     gaps,
 )
 from posenc.analysis.headline import validation_losses
-from posenc.analysis.report.findings import EQUIVALENT, NOISE, NOT_RESOLVED
+from posenc.analysis.report import findings
+from posenc.analysis.report.findings import (
+    EQUIVALENT,
+    NOISE,
+    NOT_RESOLVED,
+    StatisticsCache,
+    judge_pair,
+    judge_together,
+)
 from posenc.analysis.report.runs import Run
 from posenc.runtime.sentence_losses import SentenceLosses
 
@@ -206,3 +221,23 @@ def test_validation_sentences_kept_add_the_four_term_contrasts_resampled_noise()
     assert at_step.comparison.sentence_se == 0.0
     table = "\n".join(depth_table([], [best, at_step], "1+1", "3+3"))
     assert "resampled validation sentences as noise in 1 of 2 cells" in table
+
+
+def test_a_family_declaring_losses_beside_bleu_and_chrf_is_one_holm_family(tmp_path):
+    """As a plan declares it: every p of the BLEU/chrF cells and of the losses under one Holm."""
+    good = [entry(tmp_path, "good", s, 9) for s in (0, 1, 2)]
+    bad = [entry(tmp_path, "bad", s, 4) for s in (0, 1, 2)]
+    judgements = [judge_pair(good, bad, 200, StatisticsCache())]
+    losses = [
+        DepthLoss("a", compare_scores({0: 1.0, 1: 1.1, 2: 0.9}, {0: 2.0, 1: 2.2, 2: 1.9})),
+        DepthLoss("b", compare_scores({0: 1.0, 1: 1.2, 2: 0.8}, {0: 1.1, 1: 1.0, 2: 1.0})),
+    ]
+    raw = {("pair", *k): p for k, p in findings.tested_p(judgements).items()}
+    raw |= {("one", i): c.comparison.p for i, c in enumerate(losses)}
+    expected = holm(raw)
+    judge_together(judgements, losses, {"bleu": 1.0, "chrf": 1.0, "valid_loss": 0.05})
+    assert len(expected) == 4  # two metrics of the pair, two losses: one family of four
+    for m in ("bleu", "chrf"):
+        assert judgements[0].p_holm[m] == pytest.approx(expected[("pair", 0, m)])
+    assert [c.p_holm for c in losses] == pytest.approx([expected[("one", i)] for i in (0, 1)])
+    assert all(c.p_equivalence is not None for c in losses)

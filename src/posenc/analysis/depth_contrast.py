@@ -204,10 +204,15 @@ def loss_heading(step: int | None) -> str:
 
 
 def depth_table(
-    cells: Sequence[DepthCell], losses: Sequence[DepthLoss], shallow: str, deep: str
+    cells: Sequence[DepthCell],
+    losses: Sequence[DepthLoss],
+    shallow: str,
+    deep: str,
+    together: bool = False,
 ) -> list[str]:
     """Markdown: one row per system, one column per split and per validation-loss step: the
-    difference of differences with its interval and the verdict."""
+    difference of differences with its interval and the verdict; ``together``: the cells and
+    losses were judged as one family (:func:`~.findings.judge_together`)."""
     splits = list(dict.fromkeys(c.split for c in cells))
     steps = list(dict.fromkeys(c.step for c in losses))
     at = {(c.system, c.split): c for c in cells}
@@ -234,10 +239,15 @@ def depth_table(
     if losses:
         noise += ("; validation loss: " if cells else "") + sentence_noise(losses)
     families = []
-    if cells:
-        families.append(f"BLEU and chrF cells are one family ({tests} tests)")
-    if losses:
-        families.append(f"validation losses one family ({loss_tests} tests)")
+    if together:
+        families.append(
+            f"BLEU and chrF cells and validation losses are one family ({tests + loss_tests} tests)"
+        )
+    else:
+        if cells:
+            families.append(f"BLEU and chrF cells are one family ({tests} tests)")
+        if losses:
+            families.append(f"validation losses one family ({loss_tests} tests)")
     lines += [
         "",
         f"Each cell: (system minus the baseline at {deep}) minus (the same at {shallow}), the "

@@ -304,6 +304,51 @@ def judge_single_scores(cells: Sequence[SingleScore], margin: float | None = Non
             cells[i].p_equivalence = p
 
 
+def judge_together(
+    judgements: Sequence[Judgement],
+    singles: Sequence[SingleScore],
+    margins: Mapping[str, float] | None = None,
+) -> None:
+    """Judge BLEU-and-chrF ``judgements`` and one-score ``singles`` (validation losses) as one
+    family, as a plan that declares them together asks: each kind judged as
+    :func:`judge_family` and :func:`judge_single_scores` judge it alone, then every p-value of
+    both corrected at once with Holm's method (with ``margins``, the equivalence tests
+    likewise; ``valid_loss`` is the singles' margin), the seeds for power counted over the whole
+    family, and each verdict set again."""
+    margin = (margins or {}).get("valid_loss")
+    judge_family(judgements, margins)
+    judge_single_scores(singles, margin)
+    pairs = tested_p(judgements)
+    ones = {
+        i: c.comparison.p
+        for i, c in enumerate(singles)
+        if c.comparison is not None and c.comparison.p is not None
+    }
+    adjusted = holm(
+        {("pair", *k): p for k, p in pairs.items()} | {("one", i): p for i, p in ones.items()}
+    )
+    shown: dict[tuple, float] = {}
+    if margins is not None and all(m in margins for m in METRICS):
+        shown |= {
+            ("pair", i, m): equivalence(judgements[i].comparisons[m], margins[m]) for i, m in pairs
+        }
+    if margin is not None:
+        shown |= {("one", i): equivalence(singles[i].comparison, margin) for i in ones}  # type: ignore[arg-type]
+    equivalent = holm({k: p for k, p in shown.items() if p is not None})
+    for i, judgement in enumerate(judgements):
+        for m in judgement.comparisons:
+            if (i, m) in pairs:
+                judgement.p_holm[m] = adjusted[("pair", i, m)]
+                judgement.seeds_needed[m] = seeds_for_power(judgement.comparisons[m], len(adjusted))
+                if judgement.p_equivalence:
+                    judgement.p_equivalence[m] = equivalent.get(("pair", i, m))
+        judgement.verdict = verdict(judgement)
+    for i in ones:
+        singles[i].p_holm = adjusted[("one", i)]
+        if margin is not None:
+            singles[i].p_equivalence = equivalent.get(("one", i))
+
+
 Sentences = Mapping[int, np.ndarray]
 """A system's validation sentences: training seed -> the run's
 :func:`~posenc.analysis.decision.loss_statistics` at its best validation loss."""
