@@ -19,9 +19,9 @@ import posenc.data.streams as streams
 from posenc.config import data as typed
 from posenc.config.settings import Settings
 from posenc.data.corpus import DataError
-from posenc.data.prepare import prepared_store as prepared_from
+from posenc.data.prepare import run_store
 from posenc.data.splits import load_corpora
-from posenc.data.store import open_store, prepared, store_directory, store_key
+from posenc.data.store import open_store, prepared, store_key
 from posenc.data.tokenizer import build_tokenizer, load_tokenizer
 from posenc.job import run
 from posenc.training.inputs import encode_pairs
@@ -39,10 +39,7 @@ RELEASE = {
 
 def prepared_store(cfg) -> Path:
     """The store of a composed config's data and tokenizer, prepared as a run prepares it."""
-    settings = Settings.of(cfg)
-    given = settings.composed
-    directory = store_directory(settings.run.cache_dir, given["data"], given["tokenizer"])
-    return prepared_from(settings.data, settings.tokenizer, directory)
+    return run_store(Settings.of(cfg))
 
 
 def write(directory: Path, stem: str, src: list[str], tgt: list[str], compressed: bool) -> None:

@@ -28,7 +28,7 @@ from posenc.config.identity import differences, evaluation_identity, training_id
 from posenc.config.metrics import METRICS, VALIDATION_METRICS
 from posenc.config.settings import Settings
 from posenc.data.corpus import DataError
-from posenc.data.fetch import DataFetchError, default_local_dir
+from posenc.data.fetch import DataFetchError, use_local_mix
 from posenc.evaluation.decode import DecodeSettings, decode_sources
 from posenc.evaluation.evaluate import archive_evaluation, evaluate
 from posenc.evaluation.metrics import corpus_scores
@@ -231,24 +231,24 @@ def run(cfg: DictConfig, run_dir: Path, multirun: bool = False) -> dict[str, Any
 def _run(cfg: DictConfig, run_dir: RunDir, multirun: bool) -> dict[str, Any] | None:
     _absolute_paths(cfg)
     try:
-        if (folder := default_local_dir(cfg.data, cfg.cache_dir)) is not None:
-            with open_dict(cfg):  # the run's config records the folder it read
-                cfg.data.dir = folder
+        use_local_mix(cfg)
     except DataFetchError as err:  # no job can run without the data: nothing is written
         log.error("DataFetchError: %s", err)
         _remove_hydras_start(run_dir)
         sys.exit(1)
+    settings = None  # a single run's read here, a sweep job's below (its failure recorded)
     if not multirun:
         try:  # a refused setting of a single run writes nothing (a sweep's job is recorded
-            check_config(Settings.of(cfg))  # below, in failed.json, so that its report lists
-            resolve_device(cfg.device)  # it); a device this machine lacks, likewise
+            settings = Settings.of(cfg)  # below, in failed.json, so that its report lists it)
+            check_config(settings)
+            resolve_device(settings.run.device)  # a device this machine lacks, likewise
         except ValueError as err:
             log.error("ValueError: %s", str(err).splitlines()[0] if str(err) else "invalid")
             _remove_hydras_start(run_dir)
             sys.exit(1)
     with ExitStack() as held:
         try:
-            settings = Settings.of(cfg)  # the door: from here on, typed settings only
+            settings = settings or Settings.of(cfg)  # from here on, typed settings only
             distributed.setup(resolve_device(settings.run.device))
             if distributed.is_main():
                 saved = claim(cfg, run_dir)

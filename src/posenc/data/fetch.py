@@ -23,12 +23,11 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from posenc.config import CONFIG_DIR
 from posenc.data.cleaning import RECIPES, CleaningError
@@ -200,17 +199,18 @@ def local_data_dir() -> Path:
     return Path(named).expanduser() if named else local_mix(default_target().parent)
 
 
-def default_local_dir(data: Mapping[str, Any], cache_dir: str) -> str | None:
-    """The folder a ``data`` node of kind ``local`` without ``dir`` (nor ``POSENC_DATA``, which
-    sets it) reads: the local mix in ``CACHE_DIR/data`` (:func:`local_mix`, fetched there unless
-    complete), for the run's config to record; None for any other node.
+def use_local_mix(cfg: Any) -> None:
+    """Give a composed config (an OmegaConf node, changed in place) with ``data=local`` and no
+    ``data.dir`` (nor ``POSENC_DATA``, which sets it) the local mix in ``CACHE_DIR/data``
+    (:func:`local_mix`, fetched there unless complete), so that the run's config records the
+    folder it read.
 
     Raises:
         DataFetchError: the mix is missing and cannot be fetched (one line).
     """
-    if data.get("kind") == "local" and not data.get("dir"):
-        return str(local_mix(cache_dir))
-    return None
+    if cfg.data.get("kind") == "local" and not cfg.data.get("dir"):
+        with open_dict(cfg):
+            cfg.data.dir = str(local_mix(cfg.cache_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

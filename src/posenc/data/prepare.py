@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from posenc.config.data import DataConfig, TokenizerConfig
+from posenc.config.settings import Settings
 from posenc.data.splits import training_stream
 from posenc.data.store import StoreWriter, flatten, store_directory
 from posenc.data.streams import Cleaner, sendable_pairs, shuffled_order
@@ -203,6 +204,15 @@ def prepared_store(
     return directory
 
 
+def run_store(settings: Settings, progress: bool = False) -> Path:
+    """The prepared corpus of a run's data and tokenizer (:func:`prepared_store`), in the
+    directory its data and tokenizer nodes, as the run's config gives them, name under its
+    cache directory (:func:`~posenc.data.store.store_directory`)."""
+    given = settings.composed
+    directory = store_directory(settings.run.cache_dir, given["data"], given["tokenizer"])
+    return prepared_store(settings.data, settings.tokenizer, directory, progress)
+
+
 def _remove_leftovers(directory: Path) -> None:
     """Delete the temporary folders (``.NAME.*``: spool, unfinished store) that a killed
     preparation of ``directory`` left beside it; called under its lock, so none is in use."""
@@ -319,12 +329,10 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m posenc.data.prepare [OVERRIDE ...]``: prepare the store ``train.py`` with
     the same overrides would use, print where it is and what it holds."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import open_dict
 
     from posenc.config import CONFIG_DIR
-    from posenc.config.settings import Settings
     from posenc.data.corpus import DataError
-    from posenc.data.fetch import default_local_dir
+    from posenc.data.fetch import use_local_mix
     from posenc.runtime.cli import one_line_errors
 
     args = sys.argv[1:] if argv is None else argv
@@ -335,14 +343,8 @@ def main(argv: list[str] | None = None) -> None:
     with one_line_errors("posenc.data.prepare", (DataError, ValueError)):
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("train", overrides=args)
-        if (folder := default_local_dir(cfg.data, cfg.cache_dir)) is not None:
-            with open_dict(cfg):
-                cfg.data.dir = folder
-        settings = Settings.of(cfg)
-        directory = store_directory(
-            settings.run.cache_dir, settings.composed["data"], settings.composed["tokenizer"]
-        )
-        prepared_store(settings.data, settings.tokenizer, directory, progress=True)
+        use_local_mix(cfg)
+        directory = run_store(Settings.of(cfg), progress=True)
         meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
         size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
         print(f"{directory}: {meta['rows']:,} training pairs, {size / 2**20:,.1f} MiB")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from posenc.config.settings import Settings
 from posenc.data.corpus import Corpus
-from posenc.data.prepare import prepared_store
+from posenc.data.prepare import run_store
 from posenc.data.splits import validation_split
-from posenc.data.store import TokenStore, open_store, store_directory
+from posenc.data.store import TokenStore, open_store
 from posenc.data.tokenizer import Tokenizer, load_tokenizer
 from posenc.runtime import distributed
 from posenc.runtime.rundir import RunDir, as_run_dir
@@ -53,11 +53,9 @@ def prepare(settings: Settings, run_dir: Path | RunDir) -> tuple[Tokenizer, Enco
     """The run's tokenizer (saved in ``RUN/tokenizer``) and its training and validation ids.
 
     The training pairs come from the prepared corpus of this data and tokenizer
-    (:func:`prepared_store`), memory-mapped. The validation pairs are read from their own file:
-    a run on a prepared corpus reads no training text."""
-    given = settings.composed  # the store is named by the data and tokenizer as given
-    directory = store_directory(settings.run.cache_dir, given["data"], given["tokenizer"])
-    prepared_store(settings.data, settings.tokenizer, directory, settings.trainer.progress)
+    (:func:`~posenc.data.prepare.run_store`), memory-mapped. The validation pairs are read from
+    their own file: a run on a prepared corpus reads no training text."""
+    directory = run_store(settings, settings.trainer.progress)
     store = open_store(directory)  # checked before its tokenizer becomes the run's
     tokenizer = load_tokenizer(directory / "tokenizer")
     if distributed.is_main():
