@@ -78,8 +78,8 @@ def main() -> int:
         args.bootstrap,
     )
     found = plan.family(args.family) if plan is not None and args.family else None
-    together = found is not None and "valid_loss" in found.metrics and "bleu" in found.metrics
-    if together:  # the plan declares losses, BLEU and chrF one family: one Holm over them all
+    together = found is not None and "kind" not in found.holm_within
+    if together:  # the plan's family joins losses, BLEU and chrF: one Holm over them all
         judge_together([c.judgement for c in cells if c.judgement is not None], losses, margins)
     held = len(tested_p([c.judgement for c in cells if c.judgement is not None]))
     held += sum(loss.p_holm is not None for loss in losses)

@@ -19,16 +19,19 @@ from pathlib import Path
 from posenc.analysis.headline import (
     MAX_SYSTEMS,
     add_comparison_arguments,
+    correction_note,
     depth_changes,
     headline,
     headline_table,
+    judge_headline,
     loss_headline,
     loss_table,
     plot_headline,
     plot_loss_headline,
     read_sweep,
 )
-from posenc.analysis.plan import plan_of, provenance
+from posenc.analysis.plan import HOLM_FACTORS, declared_tests_note, plan_of, provenance
+from posenc.analysis.report.findings import tested_p
 from posenc.analysis.report.runs import ReportError
 from posenc.analysis.report.seeds import seeds_note
 from posenc.config.variants import split_labels
@@ -64,9 +67,17 @@ def main() -> int:
     loss_cells = loss_headline(
         losses, systems, args.baseline, margin, sentences, samples=args.bootstrap
     )
+    family = plan.family(args.family) if plan is not None and args.family else None
+    within = family.holm_within if family is not None else HOLM_FACTORS
+    judge_headline(cells, loss_cells, plan.margins if plan else None, within)
+    correction = correction_note(cells, loss_cells, within)
     args.out.mkdir(parents=True, exist_ok=True)
     title = "# Headline: each system against " + args.baseline
-    lines = [title, "", provenance(plan, args.family), ""]
+    held = len(tested_p([c.judgement for c in cells if c.judgement is not None]))
+    note = declared_tests_note(
+        plan, args.family, held + sum(c.p_holm is not None for c in loss_cells)
+    )
+    lines = [title, "", provenance(plan, args.family), "", *([note, ""] if note else [])]
     lines += [seeds_note(args.seeds), ""] if args.seeds else []
     for metric in ("bleu", "chrf"):
         name = f"headline_{metric}.png"
@@ -74,7 +85,7 @@ def main() -> int:
         lines += [
             f"## {metric}",
             "",
-            *headline_table(cells, metric, args.baseline),
+            *headline_table(cells, metric, args.baseline, correction),
             "",
             f"![{metric}]({name})",
             "",
@@ -83,7 +94,7 @@ def main() -> int:
     lines += [
         "## validation loss",
         "",
-        *loss_table(loss_cells, args.baseline),
+        *loss_table(loss_cells, args.baseline, correction),
         "",
         "![validation loss](headline_loss.png)",
         "",

@@ -12,20 +12,24 @@ from posenc.analysis.decision import contrast_deviation, loss_statistics
 from posenc.analysis.headline import (
     MAX_SYSTEMS,
     change,
+    correction_note,
     depth_changes,
     headline,
     headline_table,
+    judge_headline,
     loss_headline,
     loss_table,
     plot_headline,
     plot_loss_headline,
 )
+from posenc.analysis.report import findings
 from posenc.analysis.report.findings import (
     EQUIVALENT,
     NOISE,
     NOT_RESOLVED,
     ONE_SEED,
     UNINFORMATIVE,
+    holm,
 )
 from posenc.runtime.sentence_losses import SentenceLosses
 
@@ -51,10 +55,10 @@ def test_each_system_is_set_against_the_baseline_at_every_depth(tmp_path):
     assert at["1 layer", "rope"].verdict() == "ahead"
     assert at["3 layers", "rope"].verdict() == ONE_SEED
     assert at["1 layer", "absent"].verdict() == "-"
-    table = "\n".join(headline_table(cells, "bleu", "nonepe"))
+    table = "\n".join(headline_table(cells, "bleu", "nonepe", correction_note(cells, [])))
     assert "| system | 1 layer, test | 3 layers, test |" in table
     assert "| rope | +" in table and " ahead |" in table
-    assert "(1 layer: 2 tests, 3 layers: 0 tests)" in table  # the page states its families
+    assert "(1 layer: 2 + 0 tests, 3 layers: 0 + 0 tests)." in table  # it states its families
     assert plot_headline(cells, "bleu", "nonepe", tmp_path / "h.png").stat().st_size > 0
 
 
@@ -114,9 +118,9 @@ def test_validation_loss_is_judged_over_the_seeds_lower_being_ahead():
     assert at["1 layer", "t5"] == NOISE
     assert at["3 layers", "rope"] == ONE_SEED
     assert at["3 layers", "t5"] == "-"
-    table = "\n".join(loss_table(cells, "nonepe"))
+    table = "\n".join(loss_table(cells, "nonepe", correction_note([], cells)))
     assert "| rope | -0.500 [" in table and "ahead" in table
-    assert "(1 layer: 2 tests, 3 layers: 0 tests)" in table
+    assert "validation losses another (1 layer: 0 + 2 tests, 3 layers: 0 + 0 tests)." in table
 
 
 def kept_sentences(rng, tokens, level: float) -> np.ndarray:
@@ -142,14 +146,16 @@ def test_validation_sentences_every_run_kept_add_their_resampled_noise():
     assert cell.comparison.sentence_se == pytest.approx(contrast_deviation("loss", terms, 50))
     assert cell.comparison.sentence_se > 0
     assert "seeds and resampled validation sentences as noise" in "\n".join(
-        loss_table([cell], "nonepe")
+        loss_table([cell], "nonepe", "")
     )
     other = {**kept, "rope": {s: kept_sentences(rng, tokens + 1, 5.0) for s in range(3)}}
     missing = {**kept, "rope": {0: kept["rope"][0], 1: kept["rope"][1]}}
     for partial in (other, missing):
         (alone,) = loss_headline(losses, ["rope"], "nonepe", sentences={"1 layer": partial})
         assert not alone.sentences and alone.comparison.sentence_se == 0.0
-        assert "did not keep their validation sentences" in "\n".join(loss_table([alone], "nonepe"))
+        assert "did not keep their validation sentences" in "\n".join(
+            loss_table([alone], "nonepe", "")
+        )
 
 
 def test_with_a_plans_margins_no_finding_is_equivalent_or_not_resolved(tmp_path):
@@ -213,3 +219,50 @@ def test_the_depth_table_has_a_row_per_system_and_measure(tmp_path):
     assert "| rope | validation loss | ahead | ahead | holds |" in table
     assert "| rope | test | ahead | ahead | holds |" in table
     assert plot_loss_headline(losses, "nonepe", tmp_path / "loss.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("within", [(), ("depth",), ("kind",), ("depth", "kind")])
+def test_a_plan_family_splits_holm_by_the_factors_it_declares(tmp_path, within):
+    """``holm_within`` as a plan's family states it: none joins every test of every depth in
+    one Holm correction; ``depth`` corrects each depth apart, ``kind`` the BLEU-and-chrF cells
+    apart from the validation losses."""
+    depths = {"1 layer": "one", "3 layers": "three"}
+    sweeps = {d: sweep(tmp_path, f, {"nonepe": 2, "rope": 5, "t5": 3}) for d, f in depths.items()}
+    cells = headline(sweeps, ["rope", "t5"], "nonepe", samples=200)
+    side = {"nonepe": {0: 5.0, 1: 5.1, 2: 5.05}, "rope": {0: 4.8, 1: 5.0, 2: 4.85}}
+    losses = loss_headline({d: side for d in depths}, ["rope"], "nonepe")
+    judge_headline(cells, losses, None, within)
+
+    def group(depth: str, kind: str) -> tuple:
+        return (depth if "depth" in within else None, kind if "kind" in within else None)
+
+    raw = {
+        (*group(c.depth, "pair"), c.depth, c.system, m): p
+        for (i, m), p in findings.tested_p([c.judgement for c in cells]).items()
+        for c in [cells[i]]
+    }
+    raw |= {(*group(c.depth, "loss"), c.depth, c.system, "loss"): c.comparison.p for c in losses}
+    expected = {}
+    for key in {k[:2] for k in raw}:
+        expected |= holm({k: p for k, p in raw.items() if k[:2] == key})
+    got = {
+        (*group(c.depth, "pair"), c.depth, c.system, m): c.judgement.p_holm[m]
+        for c in cells
+        for m in ("bleu", "chrf")
+    }
+    got |= {(*group(c.depth, "loss"), c.depth, c.system, "loss"): c.p_holm for c in losses}
+    assert len(expected) == 10 and got == pytest.approx(expected)
+    assert (
+        correction_note(cells, losses, within)
+        == {
+            (): "every depth's BLEU and chrF cells and validation losses are one family under "
+            "Holm's correction (10 tests)",
+            ("depth",): "each depth's BLEU and chrF cells and validation losses are one family "
+            "under Holm's correction (1 layer: 5 tests, 3 layers: 5 tests)",
+            ("kind",): "every depth's BLEU and chrF cells are one family under Holm's correction, "
+            "its validation losses another (8 + 2 tests)",
+            ("depth", "kind"): "each depth's BLEU and chrF cells are one family under Holm's "
+            "correction, its validation losses another (1 layer: 4 + 1 tests, 3 layers: 4 + 1 "
+            "tests)",
+        }[within]
+    )

@@ -45,6 +45,10 @@ def test_a_plan_is_read_with_its_digest_families_and_margins(tmp_path):
     assert plan.margins == {"bleu": 1.0, "valid_loss": 0.05}
     assert [f.name for f in plan.families] == ["main", "later"]
     assert [f.tests for f in plan.families] == [6, 2]
+    assert plan.family("main").holm_within == ()  # by default one correction over the family
+    path.write_text(GOOD.replace("tests: 2", "tests: 2\n    holm_within: [depth, kind]"))
+    assert load_plan(path).family("later").holm_within == ("depth", "kind")
+    path.write_text(GOOD)
     assert not plan.family("main").exploratory and plan.family("later").exploratory
     path.write_text(GOOD.replace("tests: 6", "tests: 7"))
     assert load_plan(path).digest != plan.digest  # one byte changed: another plan
@@ -75,6 +79,8 @@ def test_the_opening_line_names_the_plan_or_says_exploratory(tmp_path):
         (("metrics: [bleu, chrf]", "metrics: []"), "'metrics' must list metric names"),
         (("declared: 2026-11-28\n", ""), "'declared' must give the date"),
         (("    tests: 6\n", "    tests: 6\n    weight: 2\n"), "unknown key 'weight'"),
+        (("    tests: 6\n", "    tests: 6\n    holm_within: [seed]\n"), "'holm_within' must list"),
+        (("    tests: 6\n", "    tests: 6\n    holm_within: kind\n"), "'holm_within' must list"),
     ],
 )
 def test_a_bad_plan_is_one_line_naming_the_key(tmp_path, change, message):

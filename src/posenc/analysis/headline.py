@@ -2,9 +2,10 @@
 and by model depth, from several sweeps at once (``scripts/headline.py``).
 
 Every difference is the decision rule's (:mod:`posenc.analysis.decision`: the seeds' spread and
-the resampled test sentences as noise), each depth's cells one family corrected with Holm's
-method (:mod:`posenc.analysis.report.findings`), as its sweep's own report would: a depth added
-leaves the others' verdicts as they were; the table gives the difference and its 95% interval
+the resampled test sentences as noise), each depth's BLEU-and-chrF cells one family corrected with
+Holm's method and its validation losses another (:mod:`posenc.analysis.report.findings`), as its
+sweep's own report would: a depth added leaves the others' verdicts as they were; a plan's family
+may join them (:func:`judge_headline`); the table gives the difference and its 95% interval
 in the metric's points, with the verdict, and the figure draws them as small multiples: one
 panel per split, the systems down the side, one marker per depth, at most
 :data:`MAX_SYSTEMS` systems a figure."""
@@ -20,7 +21,7 @@ import numpy as np
 
 from posenc.analysis.decision import Comparison, compare_scores, loss_statistics
 from posenc.analysis.markdown import system_table
-from posenc.analysis.plan import add_plan_arguments
+from posenc.analysis.plan import HOLM_FACTORS, add_plan_arguments
 from posenc.analysis.report.clean import entries_by_split
 from posenc.analysis.report.findings import (
     ONE_SEED,
@@ -32,6 +33,7 @@ from posenc.analysis.report.findings import (
     judge_family,
     judge_pair,
     judge_single_scores,
+    judge_together,
     loss_noise,
     named_verdict,
     sentence_noise,
@@ -92,7 +94,7 @@ class LossCell:
     """One system at one depth: its best validation loss minus the baseline's over the seeds
     (:func:`~posenc.analysis.decision.compare_scores`; ``sentences``: whether resampled
     validation sentences are a second noise); None when either side is missing. ``p_holm``
-    after :func:`loss_headline`'s correction."""
+    after :func:`loss_headline`'s or :func:`judge_headline`'s correction."""
 
     depth: str
     system: str
@@ -246,6 +248,57 @@ def loss_headline(
     return cells
 
 
+def judge_headline(
+    cells: Sequence[Cell],
+    losses: Sequence[LossCell],
+    margins: Mapping[str, float] | None = None,
+    within: Sequence[str] = HOLM_FACTORS,
+) -> None:
+    """Correct ``cells`` and ``losses`` with Holm's method split by the factors ``within``
+    (:data:`~posenc.analysis.plan.HOLM_FACTORS`; a plan family's ``holm_within``): ``depth``,
+    each depth apart; ``kind``, the BLEU-and-chrF cells apart from the validation losses
+    (:func:`~posenc.analysis.report.findings.judge_together` where kinds are joined). The
+    default, both, is what :func:`headline` and :func:`loss_headline` do alone."""
+    depths = [c.depth for c in cells] + [c.depth for c in losses]
+    groups = dict.fromkeys(depths) if "depth" in within else [None]
+    margin = (margins or {}).get("valid_loss")
+    for depth in groups:
+        judged = [c.judgement for c in cells if depth in (None, c.depth) and c.judgement]
+        ones = [c for c in losses if depth in (None, c.depth)]
+        if "kind" in within:
+            judge_family(judged, margins)
+            judge_single_scores(ones, margin)
+        else:
+            judge_together(judged, ones, margins)
+
+
+def correction_note(
+    cells: Sequence[Cell], losses: Sequence[LossCell], within: Sequence[str] = HOLM_FACTORS
+) -> str:
+    """The sentence a table ends with: how :func:`judge_headline` formed the families of
+    ``cells`` and ``losses`` (split by the factors ``within``) and the tests each holds."""
+    by_depth, by_kind = "depth" in within, "kind" in within
+    depths = list(dict.fromkeys([c.depth for c in cells] + [c.depth for c in losses]))
+
+    def sizes(depth: str | None) -> str:
+        pairs = [c.judgement for c in cells if depth in (None, c.depth) and c.judgement]
+        pair_tests = len(tested_p(pairs))
+        loss_tests = sum(c.p_holm is not None for c in losses if depth in (None, c.depth))
+        counts = f"{pair_tests} + {loss_tests}" if by_kind else f"{pair_tests + loss_tests}"
+        return f"{depth + ': ' if depth else ''}{counts} tests"
+
+    scope = "each depth's" if by_depth else "the"
+    if len(depths) > 1 and not by_depth:
+        scope = "every depth's"
+    kinds = (
+        "BLEU and chrF cells are one family under Holm's correction, its validation losses another"
+        if by_kind
+        else "BLEU and chrF cells and validation losses are one family under Holm's correction"
+    )
+    counted = ", ".join(sizes(d) for d in depths) if by_depth else sizes(None)
+    return f"{scope} {kinds} ({counted})"
+
+
 def depth_changes(
     cells: Sequence[Cell], losses: Sequence[LossCell], shallow: str, deep: str
 ) -> list[str]:
@@ -283,9 +336,10 @@ def change(shallow: str, deep: str) -> str:
     return "neither"
 
 
-def headline_table(cells: Sequence[Cell], metric: str, baseline: str) -> list[str]:
+def headline_table(cells: Sequence[Cell], metric: str, baseline: str, correction: str) -> list[str]:
     """Markdown: one row per system, one column per depth and split: the difference from
-    ``baseline`` in ``metric`` with its interval and the verdict."""
+    ``baseline`` in ``metric`` with its interval and the verdict; ``correction``: how the
+    families were formed (:func:`correction_note`)."""
     columns = list(dict.fromkeys((c.depth, c.split) for c in cells))
     at = {(c.depth, c.split, c.system): c for c in cells}
 
@@ -301,30 +355,15 @@ def headline_table(cells: Sequence[Cell], metric: str, baseline: str) -> list[st
         "",
         f"Each cell: the system's mean {LABELS.get(metric, metric)} over its seeds minus "
         f"{baseline}'s, its 95% "
-        "interval (seeds and resampled test sentences as noise) and the verdict; a depth's "
-        "cells of every split and metric are one family under Holm's correction "
-        f"({family_sizes(cells)}).",
+        f"interval (seeds and resampled test sentences as noise) and the verdict; {correction}.",
     ]
     return lines
 
 
-def family_sizes(cells: Sequence[Cell] | Sequence[LossCell]) -> str:
-    """``1+1 layers: 36 tests, 3+3 layers: 48 tests``: each depth family's tests (those its
-    correction counted: :func:`~posenc.analysis.report.findings.tested_p`, or the validation
-    losses with a p-value)."""
-    sizes = {}
-    for depth in dict.fromkeys(c.depth for c in cells):
-        here = [c for c in cells if c.depth == depth]
-        if all(isinstance(c, LossCell) for c in here):
-            sizes[depth] = sum(c.p_holm is not None for c in here)
-        else:
-            sizes[depth] = len(tested_p([c.judgement for c in here if c.judgement is not None]))
-    return ", ".join(f"{depth}: {n} tests" for depth, n in sizes.items())
-
-
-def loss_table(cells: Sequence[LossCell], baseline: str) -> list[str]:
+def loss_table(cells: Sequence[LossCell], baseline: str, correction: str) -> list[str]:
     """Markdown: one row per system, one column per depth: the difference from ``baseline`` in
-    best validation loss (nats) with its interval and the verdict."""
+    best validation loss (nats) with its interval and the verdict; ``correction``: how the
+    families were formed (:func:`correction_note`)."""
     depths = list(dict.fromkeys(c.depth for c in cells))
     at = {(c.depth, c.system): c for c in cells}
 
@@ -339,8 +378,7 @@ def loss_table(cells: Sequence[LossCell], baseline: str) -> list[str]:
         "",
         f"Each cell: the system's best validation loss (nats, mean over its seeds) minus "
         f"{baseline}'s, its 95% interval ({sentence_noise(cells)}) and the verdict (ahead: "
-        f"lower loss); a depth's cells are one family under Holm's correction "
-        f"({family_sizes(cells)}).",
+        f"lower loss); {correction}.",
     ]
     return lines
 

@@ -32,7 +32,20 @@ KEYS = {
     "families",
 }
 #: the keys a family may hold
-FAMILY_KEYS = {"name", "contrast", "metrics", "splits", "steps", "tests", "declared", "note"}
+FAMILY_KEYS = {
+    "name",
+    "contrast",
+    "metrics",
+    "splits",
+    "steps",
+    "tests",
+    "declared",
+    "note",
+    "holm_within",
+}
+#: the factors a family's Holm correction may be split by (``holm_within``): ``depth``, each
+#: model depth apart; ``kind``, the BLEU-and-chrF cells apart from the validation losses
+HOLM_FACTORS = ("depth", "kind")
 
 
 class PlanError(ValueError):
@@ -42,14 +55,16 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class Family:
     """One family of comparisons corrected together: its name, the contrast, the metrics it
-    tests, how many tests it holds and when it was declared (:data:`BEFORE` or a statement that
-    it was formed afterwards)."""
+    tests, how many tests it holds, when it was declared (:data:`BEFORE` or a statement that
+    it was formed afterwards) and the factors its Holm correction is split by
+    (:data:`HOLM_FACTORS`; none: one correction over every test of the family)."""
 
     name: str
     contrast: str
     metrics: tuple[str, ...]
     tests: int
     declared: str = BEFORE
+    holm_within: tuple[str, ...] = ()
 
     @property
     def exploratory(self) -> bool:
@@ -100,7 +115,13 @@ def _family(raw: Any, where: str) -> Family:
     if not isinstance(declared, str) or not declared:
         raise PlanError(f"{where} '{name}': 'declared' must be a sentence, got {declared!r}")
     contrast = _require(raw, "contrast", str, f"{where} '{name}'")
-    return Family(name, contrast, tuple(metrics), tests, declared)
+    within = raw.get("holm_within", [])
+    if not isinstance(within, list) or not all(f in HOLM_FACTORS for f in within):
+        raise PlanError(
+            f"{where} '{name}': 'holm_within' must list factors of {list(HOLM_FACTORS)} "
+            f"(none: one correction over the family), got {within!r}"
+        )
+    return Family(name, contrast, tuple(metrics), tests, declared, tuple(within))
 
 
 def _declared(raw: dict[str, Any], where: str) -> str:
