@@ -1,7 +1,7 @@
 """What depth does to an encoding's gap to a baseline: the difference of differences
 ``(system - baseline at the deeper model) - (system - baseline at the shallower)`` on BLEU, chrF
 and validation loss, judged by the decision rule (:mod:`posenc.analysis.decision`) with the
-training run as its unit (``scripts/depth_contrast.py``).
+training run as its unit (``python -m study depth-contrast``).
 
 At each depth a system and the baseline share their seeds, so each seed gives one gap; the two
 depths' gaps are compared as two systems' seed scores are (paired by seed where both depths
