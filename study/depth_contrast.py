@@ -238,20 +238,21 @@ def depth_table(
     noise = "seeds and, for BLEU and chrF, resampled test sentences as noise" if cells else ""
     if losses:
         noise += ("; validation loss: " if cells else "") + sentence_noise(losses)
-    families = []
-    if together:
-        families.append(
-            f"BLEU and chrF cells and validation losses are one family ({tests + loss_tests} tests)"
-        )
+    kinds = [
+        k
+        for k, present in (("BLEU and chrF cells", cells), ("validation losses", losses))
+        if present
+    ]
+    if together or len(kinds) == 1:
+        families = f"{' and '.join(kinds)} are one family ({tests + loss_tests} tests)"
     else:
-        if cells:
-            families.append(f"BLEU and chrF cells are one family ({tests} tests)")
-        if losses:
-            families.append(f"validation losses one family ({loss_tests} tests)")
+        families = (
+            f"BLEU and chrF cells are one family ({tests} tests), validation losses another "
+            f"({loss_tests} tests)"
+        )
     lines += [
         "",
         f"Each cell: (system minus the baseline at {deep}) minus (the same at {shallow}), the "
-        f"mean over seeds with its 95% interval ({noise}); {', '.join(families)}, "
-        "each under Holm's correction.",
+        f"mean over seeds with its 95% interval ({noise}); {families}, under Holm's correction.",
     ]
     return lines

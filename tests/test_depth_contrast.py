@@ -164,7 +164,7 @@ def test_losses_at_equal_steps_are_read_from_the_curves_and_judged_as_one_family
     assert both[0].p_holm == pytest.approx(min(1.0, 2 * alone[0].comparison.p))
     table = "\n".join(depth_table([], both, "1+1", "3+3"))
     assert "validation loss at step 2,000 | validation loss at step 4,000" in table
-    assert "validation losses one family (2 tests)" in table and "BLEU" not in table
+    assert "validation losses are one family (2 tests)" in table and "BLEU" not in table
 
 
 def test_the_script_refuses_a_bad_plan_before_reading_any_sweep(tmp_path):
