@@ -32,8 +32,8 @@ test-all: install  ## every test, slow ones included
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) -m ""
 
 lint: install  ## ruff
-	$(VENV)/bin/ruff check src tests scripts train.py
-	$(VENV)/bin/ruff format --check src tests scripts train.py
+	$(VENV)/bin/ruff check src tests scripts study train.py
+	$(VENV)/bin/ruff format --check src tests scripts study train.py
 
 # the encodings each part sweeps are its preset's: configs/experiment/demo.yaml, demo_toy.yaml
 demo: install  ## the main job: two short sweeps, their reports and readings (README: its time)

@@ -155,6 +155,18 @@ def run_script(name: str, *args: object) -> subprocess.CompletedProcess:
     )
 
 
+def run_study(command: str, *args: object) -> subprocess.CompletedProcess:
+    """``python -m study COMMAND ARGS`` from the repository's root, its output captured as text,
+    its status not checked."""
+    return subprocess.run(
+        [sys.executable, "-m", "study", command, *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+
+
 #: the references of :func:`scored_entry`'s runs
 SCORED_REFERENCES = [f"the cat number {i} sat on the mat near door {i % 7}" for i in range(40)]
 

@@ -1,24 +1,23 @@
-"""The alignment probe (``scripts/alignment_probe.py``): how monotonically a model's
+"""The alignment probe (``python -m study alignment-probe``): how monotonically a model's
 cross-attention walks through the source, per decoder layer and head."""
 
 from __future__ import annotations
 
 import json
-import runpy
 import shutil
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, SMOKE, compose
+from conftest import SMOKE, compose
 from omegaconf import OmegaConf
 
 import posenc
-from posenc.analysis.alignment import monotonicity, probe
 from posenc.config import data as typed
 from posenc.data.batching import collate
 from posenc.data.splits import load_corpora
 from posenc.job import run
+from study.__main__ import main as study_main
+from study.alignment import monotonicity, probe
 
 
 def test_a_diagonal_walk_scores_one_and_a_backward_walk_minus_one():
@@ -76,9 +75,7 @@ def test_the_probe_is_each_pairs_own_score_averaged_whatever_the_batch(trained):
     np.testing.assert_allclose(result.scores, np.nanmean(expected, axis=0), atol=1e-5)
 
 
-def test_the_script_probes_every_trained_run_with_a_checkpoint_evaluated_or_not(
-    trained, tmp_path, monkeypatch
-):
+def test_the_script_probes_every_trained_run_with_a_checkpoint_evaluated_or_not(trained, tmp_path):
     """A run trained without its evaluation (``eval.enabled=false``) is probed like an
     evaluated one; a run without its checkpoint is left out and counted."""
     sweep = tmp_path / "sweep"
@@ -91,17 +88,13 @@ def test_the_script_probes_every_trained_run_with_a_checkpoint_evaluated_or_not(
     assert not (sweep / "pe=sinpe,seed=1" / "metrics.json").exists()
     out = tmp_path / "alignment.md"
     argv = [
-        "alignment_probe.py",
         f"--sweep=1+1 layers={sweep}",
         "--systems=sinpe",
         "--pairs=3",
         "--words=1,80",
         f"--out={out}",
     ]
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(ROOT / "scripts" / "alignment_probe.py"), run_name="__main__")
-    assert done.value.code == 0
+    assert study_main(["alignment-probe", *argv]) == 0
     found = json.loads(out.with_suffix(".json").read_text())
     assert [row["seed"] for row in found["sinpe | 1+1 layers"]] == [0, 1]
     assert "1 runs unfinished or without a checkpoint left out" in out.read_text()

@@ -1,13 +1,16 @@
-"""Loss differences on a length bucket (``scripts/bucket_contrasts.py``): a system's lower loss on
-long sources is a finding only by the decision rule whose unit is the training run, the bucket's
-sentences a second noise, after Holm's correction over the systems."""
+"""Loss differences on a length bucket (``python -m study bucket-contrasts``): a system's lower
+loss on long sources is a finding only by the decision rule whose unit is the training run, the
+bucket's sentences a second noise, after Holm's correction over the systems."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from posenc.analysis.bucket_contrasts import (
+from posenc.analysis.decision import holm
+from posenc.analysis.report.runs import Entry, Run
+from posenc.runtime.sentence_losses import SentenceLosses, write_losses
+from study.bucket_contrasts import (
     HIGHER,
     LOWER,
     NOISE,
@@ -17,9 +20,6 @@ from posenc.analysis.bucket_contrasts import (
     parse_bucket,
     sentence_sd,
 )
-from posenc.analysis.decision import holm
-from posenc.analysis.report.runs import Entry, Run
-from posenc.runtime.sentence_losses import SentenceLosses, write_losses
 
 SOURCES = [5] * 40 + [90] * 60  # 40 short sentences, 60 long ones (bucket 80-120)
 TARGETS = [4] * 40 + [80] * 60

@@ -1,4 +1,4 @@
-"""What depth does to an encoding's gap to a baseline (:mod:`posenc.analysis.depth_contrast`):
+"""What depth does to an encoding's gap to a baseline (:mod:`study.depth_contrast`):
 the difference of differences, judged with the training run as the unit (each seed's gap at
 each depth), the test sentences' noise that of the whole four-term contrast."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SCORED_REFERENCES, run_script
+from conftest import SCORED_REFERENCES, run_study
 from conftest import scored_entry as entry
 from sacrebleu import corpus_bleu, corpus_chrf
 from scipy import stats
@@ -21,16 +21,6 @@ from posenc.analysis.decision import (
     loss_statistics,
     sentence_statistics,
 )
-from posenc.analysis.depth_contrast import (
-    NARROWER,
-    WIDER,
-    DepthLoss,
-    depth_contrasts,
-    depth_losses,
-    depth_table,
-    gaps,
-)
-from posenc.analysis.headline import validation_losses
 from posenc.analysis.report import findings
 from posenc.analysis.report.findings import (
     EQUIVALENT,
@@ -42,6 +32,16 @@ from posenc.analysis.report.findings import (
 )
 from posenc.analysis.report.runs import Run
 from posenc.runtime.sentence_losses import SentenceLosses
+from study.depth_contrast import (
+    NARROWER,
+    WIDER,
+    DepthLoss,
+    depth_contrasts,
+    depth_losses,
+    depth_table,
+    gaps,
+)
+from study.headline import validation_losses
 
 SEEDS = (0, 1, 2, 3, 4)
 
@@ -164,15 +164,15 @@ def test_losses_at_equal_steps_are_read_from_the_curves_and_judged_as_one_family
     assert both[0].p_holm == pytest.approx(min(1.0, 2 * alone[0].comparison.p))
     table = "\n".join(depth_table([], both, "1+1", "3+3"))
     assert "validation loss at step 2,000 | validation loss at step 4,000" in table
-    assert "validation losses one family (2 tests)" in table and "BLEU" not in table
+    assert "validation losses are one family (2 tests)" in table and "BLEU" not in table
 
 
 def test_the_script_refuses_a_bad_plan_before_reading_any_sweep(tmp_path):
     plan = tmp_path / "plan.yaml"
     plan.write_text("families: []\n")
     none = tmp_path / "none"
-    done = run_script(
-        "depth_contrast",
+    done = run_study(
+        "depth-contrast",
         "--shallow",
         f"a={none}",
         "--deep",

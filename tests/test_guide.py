@@ -6,7 +6,8 @@ import re
 import pytest
 from conftest import PE_NAMES, ROOT, SHARED_DATA, compose
 
-from posenc.analysis.guide_sections import (
+from posenc.config import data as typed
+from study.guide_sections import (
     MAX_SUMMARY,
     PHASES,
     encodings_table,
@@ -14,7 +15,6 @@ from posenc.analysis.guide_sections import (
     summary,
     with_generated_sections,
 )
-from posenc.config import data as typed
 
 SRC = ROOT / "src" / "posenc"
 
@@ -22,7 +22,7 @@ SRC = ROOT / "src" / "posenc"
 def test_the_guide_sections_match_the_code():
     readme = (ROOT / "docs" / "GUIDE.md").read_text()
     assert readme == with_generated_sections(readme, ROOT), (
-        "run: python scripts/guide_sections.py --write"
+        "run: python -m study guide-sections --write"
     )
 
 
@@ -50,9 +50,15 @@ def test_the_map_lists_every_module_in_its_own_package():
     translate = next(i for i, line in enumerate(lines) if line.startswith("  translate.py"))
     evaluation = next(i for i, line in enumerate(lines) if line.startswith("  evaluation/"))
     assert evaluation < translate  # a top-level module, after the package it follows
-    tops = [line.split()[0] for line in lines if re.match(r"  \S", line)]
+    start = next(i for i, line in enumerate(lines) if line.startswith("src/posenc/"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("study/"))
+    tops = [line.split()[0] for line in lines[start:end] if re.match(r"  \S", line)]
     names = [top.removesuffix("/").removesuffix(".py") for top in tops]
     assert names == list(PHASES)  # every phase, in data-flow order
+    study = lines[end:]
+    for path in (ROOT / "study").rglob("*.py"):  # and the study beside it
+        if path.name != "__init__.py":
+            assert any(line.split()[0] == path.name for line in study if line.strip())
 
 
 def test_the_gallery_shows_every_encoding_and_only_its_pictures():

@@ -1,15 +1,25 @@
-"""The headline (``scripts/headline.py``): each system against a baseline by split and depth,
+"""The headline (``python -m study headline``): each system against a baseline by split and depth,
 every cell judged by the decision rule as one family, drawn as small multiples."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import run_script
+from conftest import run_study
 from conftest import scored_entry as entry
 
 from posenc.analysis.decision import contrast_deviation, loss_statistics
-from posenc.analysis.headline import (
+from posenc.analysis.report import findings
+from posenc.analysis.report.findings import (
+    EQUIVALENT,
+    NOISE,
+    NOT_RESOLVED,
+    ONE_SEED,
+    UNINFORMATIVE,
+    holm,
+)
+from posenc.runtime.sentence_losses import SentenceLosses
+from study.headline import (
     MAX_SYSTEMS,
     change,
     correction_note,
@@ -22,16 +32,6 @@ from posenc.analysis.headline import (
     plot_headline,
     plot_loss_headline,
 )
-from posenc.analysis.report import findings
-from posenc.analysis.report.findings import (
-    EQUIVALENT,
-    NOISE,
-    NOT_RESOLVED,
-    ONE_SEED,
-    UNINFORMATIVE,
-    holm,
-)
-from posenc.runtime.sentence_losses import SentenceLosses
 
 
 def sweep(tmp_path, depth: str, systems: dict[str, int], seeds=(0, 1, 2)) -> dict:
@@ -93,7 +93,7 @@ def test_a_figure_holds_at_most_max_systems(tmp_path):
 def test_the_script_refuses_too_many_systems_before_reading_any_sweep(tmp_path):
     systems = ",".join(f"s{i}" for i in range(MAX_SYSTEMS + 1))
     out = tmp_path / "out"
-    done = run_script(
+    done = run_study(
         "headline", "--sweep", f"d={tmp_path / 'none'}", "--systems", systems, "--out", out
     )
     assert done.returncode != 0

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from conftest import PE_NAMES, ROOT
 
-from posenc.analysis.guide_sections import PHASES  # the phases in data-flow order
+from study.guide_sections import PHASES  # the phases in data-flow order
 
 SRC = ROOT / "src" / "posenc"
 MAX_LINES = 500
 MODULES = sorted(p for p in SRC.rglob("*.py"))
+STUDY = sorted((ROOT / "study").rglob("*.py"))
 
 
 def phase(module: str) -> int:
@@ -52,9 +53,21 @@ def test_no_module_imports_a_later_phase(path):
     assert later == [], f"{me} imports {later}, of a later phase"
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+@pytest.mark.parametrize("path", MODULES + STUDY, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_source_file_is_over_500_lines(path):
     assert len(path.read_text(encoding="utf-8").splitlines()) <= MAX_LINES
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_the_harness_never_imports_the_study(path):
+    """The study sits beside posenc, not in its wheel: posenc runs without it."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    assert [n for n in names if n == "study" or n.startswith("study.")] == []
 
 
 def code_files() -> list[Path]:

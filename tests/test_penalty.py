@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from posenc.analysis.penalty import done_runs, main, penalties, penalty_table, systems_of
 from posenc.analysis.report.runs import load_run
+from study.penalty import done_runs, main, penalties, penalty_table, systems_of
 
 #: (min, max, sentences) of the test split's buckets; the last one is too small to show
 BUCKETS = [(0, 10, 40), (10, 20, 400), (20, 30, 500), (120, 1000, 2)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from conftest import ROOT, run_script
+from conftest import ROOT, run_study
 
 from posenc.analysis.plan import BEFORE, PlanError, declared_tests_note, load_plan, provenance
 
@@ -114,7 +114,7 @@ def test_every_declared_plan_of_the_study_reads():
 def test_the_headline_refuses_a_bad_plan_before_reading_any_sweep(tmp_path):
     plan = write(tmp_path, "- a\n")
     none, out = tmp_path / "none", tmp_path / "out"
-    done = run_script(
+    done = run_study(
         "headline", "--sweep", f"d={none}", "--systems", "rope", "--out", out, "--plan", plan
     )
     assert done.returncode != 0

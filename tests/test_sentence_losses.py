@@ -10,7 +10,6 @@ import pytest
 import torch
 from conftest import SMOKE, compose
 
-from posenc.analysis.bucket_contrasts import main as bucket_main
 from posenc.evaluation.backfill_losses import BackfillError, backfill, evaluations
 from posenc.evaluation.standalone import main as evaluate_main
 from posenc.job import run
@@ -20,6 +19,7 @@ from posenc.runtime.sentence_losses import (
     read_losses,
     write_losses,
 )
+from study.bucket_contrasts import main as bucket_main
 
 
 def test_a_written_file_reads_back_with_its_split_loss(tmp_path):

@@ -4,7 +4,7 @@ validation loss (``valid_losses.tsv``). One row a sentence in the split's order,
 length (tokens incl. EOS, the length buckets' measure), the summed negative log-likelihood of
 its reference (nats, no label smoothing) and the reference's token count (incl. EOS). A split's
 loss is ``sum(nll) / sum(target_tokens)``; differences of loss on a length bucket are tested
-over these sentences (:mod:`posenc.analysis.bucket_contrasts`), and validation-loss contrasts
+over these sentences (:mod:`study.bucket_contrasts`), and validation-loss contrasts
 resample them (:func:`posenc.analysis.decision.corpus_score`)."""
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ def _cell(stats: Stats) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python scripts/extrapolation_penalty.py SHORT_SWEEP FULL_SWEEP [--split test]
+    """``python -m study extrapolation-penalty SHORT_SWEEP FULL_SWEEP [--split test]
     [--min-sentences 20] [--eval NAME]``: prints the penalty table; a sweep without pairs
     exits with one line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -1,7 +1,7 @@
 """How monotone each trained system's cross-attention is, by depth: the alignment probe of
-:mod:`posenc.analysis.alignment` over the runs of several sweeps that still have checkpoints.
+:mod:`study.alignment` over the runs of several sweeps that still have checkpoints.
 
-Usage: ``python scripts/alignment_probe.py --sweep "1+1 layers=outputs/sweeps/compare" --sweep
+Usage: ``python -m study alignment-probe --sweep "1+1 layers=outputs/sweeps/compare" --sweep
 "3+3 layers=outputs/sweeps/scaling" --systems nonepe,sinpe,rope [--split test --pairs 200]
 --out docs/study/alignment.md``. A run whose training finished is probed from its ``best.pt``,
 evaluated or not; one unfinished or without that checkpoint is left out (and counted).
@@ -13,9 +13,9 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from posenc.analysis.alignment import probe
 from posenc.analysis.report.runs import group_runs, load_run
 from posenc.api import load_run as load_trained
 from posenc.config.data import data_config
@@ -23,6 +23,7 @@ from posenc.config.variants import split_labels
 from posenc.data.splits import load_corpora
 from posenc.runtime.files import write_text
 from posenc.runtime.rundir import RunDir, find_run_dirs
+from study.alignment import probe
 
 
 def pairs_of(
@@ -40,7 +41,7 @@ def pairs_of(
     return [s for s, _ in chosen], [t for _, t in chosen]
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="append", required=True, help="LABEL=SWEEP_DIR")
     parser.add_argument("--systems", required=True, help="comma-separated, as reports name them")
@@ -49,7 +50,7 @@ def main() -> int:
     parser.add_argument("--words", default="8,40", help="MIN,MAX source words of a pair")
     parser.add_argument("--data-dir", help="the data folder, when the runs' own has moved")
     parser.add_argument("--out", type=Path, required=True, help="markdown table (and .json)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     systems = split_labels(args.systems)
     low, high = (int(x) for x in args.words.split(","))
     found: dict[tuple[str, str], list[dict]] = {}
@@ -116,7 +117,3 @@ def _mean_sd(values: list[float]) -> str:
     if len(values) < 2:
         return f"{values[0]:.3f}"
     return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """What depth does to an encoding's gap to a baseline: the difference of differences
 ``(system - baseline at the deeper model) - (system - baseline at the shallower)`` on BLEU, chrF
 and validation loss, judged by the decision rule (:mod:`posenc.analysis.decision`) with the
-training run as its unit (``scripts/depth_contrast.py``).
+training run as its unit (``python -m study depth-contrast``).
 
 At each depth a system and the baseline share their seeds, so each seed gives one gap; the two
 depths' gaps are compared as two systems' seed scores are (paired by seed where both depths
@@ -238,20 +238,21 @@ def depth_table(
     noise = "seeds and, for BLEU and chrF, resampled test sentences as noise" if cells else ""
     if losses:
         noise += ("; validation loss: " if cells else "") + sentence_noise(losses)
-    families = []
-    if together:
-        families.append(
-            f"BLEU and chrF cells and validation losses are one family ({tests + loss_tests} tests)"
-        )
+    kinds = [
+        k
+        for k, present in (("BLEU and chrF cells", cells), ("validation losses", losses))
+        if present
+    ]
+    if together or len(kinds) == 1:
+        families = f"{' and '.join(kinds)} are one family ({tests + loss_tests} tests)"
     else:
-        if cells:
-            families.append(f"BLEU and chrF cells are one family ({tests} tests)")
-        if losses:
-            families.append(f"validation losses one family ({loss_tests} tests)")
+        families = (
+            f"BLEU and chrF cells are one family ({tests} tests), validation losses another "
+            f"({loss_tests} tests)"
+        )
     lines += [
         "",
         f"Each cell: (system minus the baseline at {deep}) minus (the same at {shallow}), the "
-        f"mean over seeds with its 95% interval ({noise}); {', '.join(families)}, "
-        "each under Holm's correction.",
+        f"mean over seeds with its 95% interval ({noise}); {families}, under Holm's correction.",
     ]
     return lines

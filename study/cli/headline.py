@@ -2,10 +2,10 @@
 on BLEU, chrF and validation loss, and what became of each verdict from the first depth to the
 second.
 
-Usage: ``python scripts/headline.py --sweep "1+1 layers=outputs/sweeps/compare" --sweep
+Usage: ``python -m study headline --sweep "1+1 layers=outputs/sweeps/compare" --sweep
 "3+3 layers=outputs/sweeps/scaling" --systems sinpe,rpe,rope [--baseline NAME] --splits
 tatoeba-clean,test,europarl --out docs/study/headline [--plan docs/study/plans/NAME.yaml --family
-NAME]``; see :mod:`posenc.analysis.headline`. Without a plan's family the page says its verdicts
+NAME]``; see :mod:`study.headline`. Without a plan's family the page says its verdicts
 are exploratory (:mod:`posenc.analysis.plan`).
 """
 
@@ -14,9 +14,16 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from posenc.analysis.headline import (
+from posenc.analysis.plan import HOLM_FACTORS, declared_tests_note, plan_of, provenance
+from posenc.analysis.report.findings import tested_p
+from posenc.analysis.report.runs import ReportError
+from posenc.analysis.report.seeds import seeds_note
+from posenc.config.variants import split_labels
+from posenc.runtime.files import write_text
+from study.headline import (
     MAX_SYSTEMS,
     add_comparison_arguments,
     correction_note,
@@ -30,19 +37,13 @@ from posenc.analysis.headline import (
     plot_loss_headline,
     read_sweep,
 )
-from posenc.analysis.plan import HOLM_FACTORS, declared_tests_note, plan_of, provenance
-from posenc.analysis.report.findings import tested_p
-from posenc.analysis.report.runs import ReportError
-from posenc.analysis.report.seeds import seeds_note
-from posenc.config.variants import split_labels
-from posenc.runtime.files import write_text
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="append", required=True, help="LABEL=SWEEP_DIR")
     add_comparison_arguments(parser, "tatoeba-clean,test,europarl", "headline.md, PNGs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     plan = plan_of(args.plan, "headline")
     splits = args.splits.split(",")
     systems = split_labels(args.systems)
@@ -116,7 +117,3 @@ def main() -> int:
     write_text(args.out / "headline.md", "\n".join(lines))
     print("\n".join(lines))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,8 +1,8 @@
 """What depth does to each system's gap to a baseline, from a shallower and a deeper sweep of
 the same recipe: the difference of differences on BLEU, chrF and validation loss, each with its
-interval and verdict (:mod:`posenc.analysis.depth_contrast`).
+interval and verdict (:mod:`study.depth_contrast`).
 
-Usage: ``python scripts/depth_contrast.py --shallow "1+1 layers=outputs/sweeps/scaling_1layer"
+Usage: ``python -m study depth-contrast --shallow "1+1 layers=outputs/sweeps/scaling_1layer"
 --deep "3+3 layers=outputs/sweeps/scaling" --systems "sinpe,rpe,rope,rope
 (pe.cross_attention=rotated)" [--baseline nonepe] --splits tatoeba-clean,europarl-clean,test
 --out docs/study/depth_recipe [--plan docs/study/plans/depth_recipe.yaml --family "depth at
@@ -17,16 +17,17 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from posenc.analysis.depth_contrast import depth_contrasts, depth_losses, depth_table
-from posenc.analysis.headline import add_comparison_arguments, read_sweep
 from posenc.analysis.plan import declared_tests_note, plan_of, provenance
 from posenc.analysis.report.findings import judge_together, tested_p
 from posenc.analysis.report.runs import ReportError
 from posenc.analysis.report.seeds import seeds_note
 from posenc.config.variants import split_labels
 from posenc.runtime.files import write_text
+from study.depth_contrast import depth_contrasts, depth_losses, depth_table
+from study.headline import add_comparison_arguments, read_sweep
 
 
 def steps_of(text: str) -> tuple[int, ...]:
@@ -40,7 +41,7 @@ def steps_of(text: str) -> tuple[int, ...]:
     return steps
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shallow", required=True, help="LABEL=SWEEP_DIR")
     parser.add_argument("--deep", required=True, help="LABEL=SWEEP_DIR")
@@ -48,7 +49,7 @@ def main() -> int:
     parser.add_argument(
         "--steps", type=steps_of, default=(), help="comma-separated steps: losses at equal steps"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     plan = plan_of(args.plan, "depth_contrast")
     margins = plan.margins if plan else None
     systems = split_labels(args.systems)
@@ -98,7 +99,3 @@ def main() -> int:
     write_text(args.out / ("depth_steps.md" if args.steps else "depth.md"), "\n".join(lines))
     print("\n".join(lines))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,7 +16,7 @@ against the baseline, on the bucket's sentences:
   p < 0.05 (a loss has no second metric to agree with); with one seed a side nothing is
   tested; the seeds per system that would find it are given where it is not.
 
-``python scripts/bucket_contrasts.py SWEEP [--bucket 80-120] [--baseline NAME]
+``python -m study bucket-contrasts SWEEP [--bucket 80-120] [--baseline NAME]
 [--systems A,B] [--bootstrap 10000] [--eval NAME]`` prints the table (``--systems``: the
 family judged, Holm over it alone; default every system of the sweep); with
 ``--eval 'eval.pe_variants=*' --baseline rope`` it compares RoPE's test-time scalings
@@ -40,11 +40,11 @@ from posenc.analysis.decision import (
     seeds_for_power,
     seeds_text,
 )
-from posenc.analysis.penalty import done_runs, systems_of
 from posenc.analysis.report.runs import Entry, reference_of
 from posenc.analysis.report.stats import Stats, mean_std
 from posenc.config.variants import split_labels
 from posenc.runtime.sentence_losses import SentenceLosses, read_losses
+from study.penalty import done_runs, systems_of
 
 LOWER = "lower loss (finding)"
 HIGHER = "higher loss (finding)"

@@ -102,7 +102,8 @@ def _package(folder: Path, depth: int) -> list[str]:
 
 def layout_tree(root: Path) -> str:
     """The map of the repository at ``root``: ``train.py``, the config groups, every module of
-    ``src/posenc`` (phases in :data:`PHASES` order) with its summary, the scripts and the tests."""
+    ``src/posenc`` (phases in :data:`PHASES` order) with its summary, the study beside it, the
+    scripts and the tests."""
     src = root / "src" / "posenc"
     groups = sorted(p.name for p in (root / "configs").iterdir() if p.is_dir())
     scripts = sorted(p.stem for p in (root / "scripts").iterdir() if p.suffix in (".py", ".sh"))
@@ -117,6 +118,8 @@ def layout_tree(root: Path) -> str:
             lines += _package(src / phase, 2)
         else:
             lines += _entry(1, phase + ".py", summary(src / f"{phase}.py"))
+    lines += _entry(0, "study/", summary(root / "study" / "__init__.py"))
+    lines += _package(root / "study", 1)
     lines += _entry(0, "scripts/", "thin command lines: " + ", ".join(scripts))
     lines += _entry(0, "tests/", "specifications; outputs/ is git-ignored")
     return "```text\n" + "\n".join(line.rstrip() for line in lines) + "\n```"

@@ -1,5 +1,5 @@
 """The study's headline: each system's difference from a baseline with its interval, by split
-and by model depth, from several sweeps at once (``scripts/headline.py``).
+and by model depth, from several sweeps at once (``python -m study headline``).
 
 Every difference is the decision rule's (:mod:`posenc.analysis.decision`: the seeds' spread and
 the resampled test sentences as noise), each depth's BLEU-and-chrF cells one family corrected with
