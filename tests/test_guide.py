@@ -87,11 +87,12 @@ def test_every_picture_under_docs_is_shown_by_a_page():
 
 def test_the_documents_and_the_study_archive_stay_a_small_part_of_a_clone():
     """The study's runs are kept as one xz archive per sweep and figures as palette PNGs, so
-    that a clone is mostly code: docs/ stays under 60 MB (44 MB in all were tracked on
-    2026-11-27, 51.4 MB on 2026-11-28 with the added encodings' runs; a checkpoint or an
-    uncompressed sweep would add tens of MB)."""
+    that a clone is mostly code: docs/ stays under 75 MB (44 MB in all were tracked on
+    2026-11-27, 51.4 MB on 2026-11-28 with the added encodings' runs, 60.5 MB on 2026-11-29
+    with the 25 depth-recipe runs, 4.5 MB; the studies declared next add about 8 MB; a
+    checkpoint or an uncompressed sweep would add tens of MB)."""
     size = sum(p.stat().st_size for p in (ROOT / "docs").rglob("*") if p.is_file())
-    assert size < 60_000_000
+    assert size < 75_000_000
 
 
 def test_the_guides_preset_row_lists_every_preset():
