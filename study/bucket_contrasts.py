@@ -17,7 +17,8 @@ against the baseline, on the bucket's sentences:
   tested; the seeds per system that would find it are given where it is not.
 
 ``python -m study bucket-contrasts SWEEP [--bucket 80-120] [--baseline NAME]
-[--systems A,B] [--bootstrap 10000] [--eval NAME]`` prints the table (``--systems``: the
+[--systems A,B] [--bootstrap 10000] [--eval NAME] [--plan FILE --family NAME]`` prints the table
+under the line naming its plan's family (without one: exploratory) (``--systems``: the
 family judged, Holm over it alone; default every system of the sweep); with
 ``--eval 'eval.pe_variants=*' --baseline rope`` it compares RoPE's test-time scalings
 (``rope [pi4]``) with RoPE itself.
@@ -39,6 +40,13 @@ from posenc.analysis.decision import (
     holm,
     seeds_for_power,
     seeds_text,
+)
+from posenc.analysis.plan import (
+    Plan,
+    add_plan_arguments,
+    declared_tests_note,
+    plan_of,
+    provenance,
 )
 from posenc.analysis.report.runs import Entry, reference_of
 from posenc.analysis.report.stats import Stats, mean_std
@@ -248,6 +256,17 @@ def contrast_table(comparison: BucketComparison) -> str:
     return "\n".join(lines)
 
 
+def contrast_page(comparison: BucketComparison, plan: Plan | None, family: str | None) -> str:
+    """:func:`contrast_table` under the line naming its plan's family (or saying it is
+    exploratory), with a note when the table holds another number of tests than the family
+    declares (:mod:`posenc.analysis.plan`)."""
+    held = sum(c.comparison.p is not None for c in comparison.contrasts)
+    note = declared_tests_note(plan, family, held)
+    return "\n\n".join(
+        [provenance(plan, family), *([note] if note else []), contrast_table(comparison)]
+    )
+
+
 def _p(p: float | None) -> str:
     if p is None:
         return "—"
@@ -290,7 +309,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="read the runs' standalone evaluation RUN/evals/NAME (RoPE's test-time scalings, "
         "say; a quoted glob pattern) instead of their own; the runs without it are left out",
     )
+    add_plan_arguments(parser)
     args = parser.parse_args(argv)
+    plan = plan_of(args.plan, "bucket-contrasts")
     if not args.sweep.is_dir():
         raise SystemExit(f"error: no sweep directory {args.sweep}; pass the sweep's folder")
     try:
@@ -300,6 +321,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         bucket = parse_bucket(args.bucket)
         family = None if args.systems is None else split_labels(args.systems)
         comparison = bucket_contrasts(systems, baseline, bucket, args.bootstrap, args.seed, family)
-        print(contrast_table(comparison))
+        print(contrast_page(comparison, plan, args.family))
     except ValueError as err:  # ReportError among them
         raise SystemExit(f"error: {err}") from None

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import run_study
 
 from posenc.analysis.decision import holm
+from posenc.analysis.plan import load_plan
 from posenc.analysis.report.runs import Entry, Run
 from posenc.runtime.sentence_losses import SentenceLosses, write_losses
 from study.bucket_contrasts import (
@@ -16,6 +18,7 @@ from study.bucket_contrasts import (
     NOISE,
     ONE_SEED,
     bucket_contrasts,
+    contrast_page,
     contrast_table,
     parse_bucket,
     sentence_sd,
@@ -152,3 +155,38 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
     (tmp_path / "base-0" / "losses.test.tsv").unlink()
     with pytest.raises(ValueError, match="no sentence losses for base.*sentence_losses.py"):
         bucket_contrasts(systems, "base", (80, 120))
+
+
+PLAN = """\
+plan: toy
+declared: 2026-11-29
+baseline: base
+families:
+  - name: length against base
+    contrast: system - base
+    metrics: [test_loss]
+    tests: 2
+"""
+
+
+def test_the_page_names_its_plans_family_or_says_it_is_exploratory(tmp_path):
+    systems = systems_of(tmp_path, {"base": [0, 0, 0], "better": [-0.3, -0.3, -0.32]})
+    comparison = bucket_contrasts(systems, "base", (80, 120), 500)
+    (tmp_path / "plan.yaml").write_text(PLAN)
+    plan = load_plan(tmp_path / "plan.yaml")
+    page = contrast_page(comparison, plan, "length against base")
+    assert page.startswith(
+        f"Family 'length against base' (2 tests) of plan `toy` (sha256 {plan.digest})"
+    )
+    assert "**The family declares 2 tests; this table holds 1**" in page
+    assert page.endswith(contrast_table(comparison))
+    assert contrast_page(comparison, None, None).startswith("**Exploratory**")
+
+
+def test_a_bad_plan_is_refused_before_any_sweep_is_read(tmp_path):
+    (tmp_path / "plan.yaml").write_text("- a\n")
+    done = run_study("bucket-contrasts", tmp_path / "none", "--plan", tmp_path / "plan.yaml")
+    assert done.returncode != 0
+    assert done.stderr.strip() == (
+        f"bucket-contrasts: plan {tmp_path / 'plan.yaml'}: must be a mapping of keys, got list"
+    )
