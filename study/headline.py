@@ -196,20 +196,19 @@ def headline(
     margins: Mapping[str, float] | None = None,
 ) -> list[Cell]:
     """Every system of ``systems`` against ``baseline`` in every sweep (``depth label ->
-    split -> systems``) and split, each depth's cells (every split and metric) one family;
-    with a plan's ``margins`` (by metric) also tested for equivalence within them."""
+    split -> systems``) and split, each depth's cells (every split and metric) one family
+    (:func:`judge_headline`); with a plan's ``margins`` (by metric) also tested for
+    equivalence within them."""
     cache = StatisticsCache()
     cells = []
     for depth, splits in sweeps.items():
-        family = []
         for split, found in splits.items():
             for system in systems:
                 judgement = None
                 if system in found and baseline in found:
                     judgement = judge_pair(found[system], found[baseline], samples, cache)
-                family.append(Cell(depth, split, system, judgement))
-        judge_family([c.judgement for c in family if c.judgement is not None], margins)
-        cells += family
+                cells.append(Cell(depth, split, system, judgement))
+    judge_headline(cells, [], margins)
     return cells
 
 
@@ -230,7 +229,6 @@ def loss_headline(
     cells = []
     for depth, found in losses.items():
         kept = (sentences or {}).get(depth, {})
-        family = []
         for system in systems:
             comparison, noise = None, None
             if found.get(system) and found.get(baseline):
@@ -242,9 +240,8 @@ def loss_headline(
                 comparison = compare_scores(
                     found[system], found[baseline], sentence_se=noise or 0.0
                 )
-            family.append(LossCell(depth, system, comparison, noise is not None))
-        judge_single_scores(family, margin)
-        cells += family
+            cells.append(LossCell(depth, system, comparison, noise is not None))
+    judge_headline([], cells, {"valid_loss": margin} if margin is not None else None)
     return cells
 
 
@@ -258,12 +255,14 @@ def judge_headline(
     (:data:`~posenc.analysis.plan.HOLM_FACTORS`; a plan family's ``holm_within``): ``depth``,
     each depth apart; ``kind``, the BLEU-and-chrF cells apart from the validation losses
     (:func:`~posenc.analysis.report.findings.judge_together` where kinds are joined). The
-    default, both, is what :func:`headline` and :func:`loss_headline` do alone."""
+    default, both, is what :func:`headline` and :func:`loss_headline` apply."""
     depths = [c.depth for c in cells] + [c.depth for c in losses]
     groups = dict.fromkeys(depths) if "depth" in within else [None]
     margin = (margins or {}).get("valid_loss")
     for depth in groups:
-        judged = [c.judgement for c in cells if depth in (None, c.depth) and c.judgement]
+        judged = [
+            c.judgement for c in cells if depth in (None, c.depth) and c.judgement is not None
+        ]
         ones = [c for c in losses if depth in (None, c.depth)]
         if "kind" in within:
             judge_family(judged, margins)
